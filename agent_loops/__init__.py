@@ -1,0 +1,1 @@
+"""Agent loops: one coroutine per sample."""

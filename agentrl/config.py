@@ -1,0 +1,181 @@
+"""Typed configuration: one pydantic tree, loaded from YAML with dotted overrides.
+
+Every field has a default and a description, so ``agentrl <cmd> --help`` and
+``describe_config()`` can list every knob. Overrides use dotted paths, e.g.
+``server.num_replicas=2`` or ``model.path=/ckpt``; values are parsed as YAML
+scalars/lists (``true``, ``3``, ``0.5``, ``[1, 2]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    """Base for config sections: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("", description="Hugging Face model id or local checkpoint directory.")
+    tokenizer_path: str | None = Field(
+        None, description="Tokenizer id or directory; defaults to `path`."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype for rollout and training (fp32 on CPU)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer location (``tokenizer_path`` or ``path``)."""
+        return self.tokenizer_path or self.path
+
+
+class RouterConfig(_Section):
+    policy: Literal["affinity", "default", "round_robin"] = Field(
+        "affinity",
+        description="Replica choice: `affinity` (session-sticky KV-cache routing), "
+        "`default` (Ray Serve's power-of-two-choices) or `round_robin`.",
+    )
+    max_sessions: int = Field(
+        100_000, ge=1, description="Bound of the session→replica LRU map of the affinity router."
+    )
+    overload_factor: float = Field(
+        2.0,
+        ge=1.0,
+        description="A session leaves its sticky replica when that replica's in-flight count "
+        "exceeds overload_factor × (least-loaded count + 1).",
+    )
+
+
+class EngineConfig(_Section):
+    backend: Literal["vllm", "hf"] = Field(
+        "vllm", description="`vllm` (AsyncLLM) or `hf` (plain transformers, no vLLM needed)."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size (GPUs).")
+    max_model_len: int = Field(2048, ge=16, description="Context window in tokens.")
+    max_num_seqs: int = Field(64, ge=1, description="Max concurrent sequences per engine.")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="Fraction of GPU memory for vLLM (GPU only)."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        256 * 1024**2,
+        description="KV-cache size in bytes (CPU vLLM needs an explicit size; None = auto).",
+    )
+    block_size: int = Field(32, ge=16, description="KV-cache block size (multiple of 32 on CPU).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV cache across requests.")
+    enforce_eager: bool = Field(True, description="Disable CUDA graphs / torch.compile.")
+    seed: int = Field(0, description="Engine sampling seed.")
+    hf_max_batch_size: int = Field(16, ge=1, description="HFEngine: max requests per batch.")
+    hf_batch_wait_ms: float = Field(
+        2.0, ge=0, description="HFEngine: how long to collect a batch before decoding."
+    )
+    hf_prefix_cache_entries: int = Field(
+        64, ge=0, description="HFEngine: number of past sequences whose KV cache is kept."
+    )
+
+
+class ServerConfig(_Section):
+    name: str = Field("rollout", description="Ray Serve application / deployment name prefix.")
+    num_replicas: int = Field(2, ge=1, description="Rollout server replicas (one engine each).")
+    num_cpus_per_replica: float = Field(
+        0.0, ge=0, description="Ray CPUs reserved per replica (fractions allowed)."
+    )
+    num_gpus_per_replica: float | None = Field(
+        None, description="GPUs per replica; None = tensor_parallel_size on GPU, 0 on CPU."
+    )
+    max_ongoing_requests: int = Field(
+        256, ge=1, description="Ray Serve max in-flight requests per replica."
+    )
+    http_host: str = Field("127.0.0.1", description="Ray Serve HTTP bind address.")
+    http_port: int = Field(8765, description="Ray Serve HTTP port.")
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="Client timeout of one generate call, in seconds."
+    )
+    max_retries: int = Field(
+        3, ge=0, description="ServerClient retries of a request whose replica failed."
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+
+
+class RayConfig(_Section):
+    address: str | None = Field(
+        None, description="Existing Ray cluster address; None starts a local one."
+    )
+    num_cpus: int | None = Field(None, description="CPUs Ray may use on a local start.")
+    namespace: str = Field("agentrl", description="Ray namespace.")
+
+
+class AgentRLConfig(_Section):
+    """Root of the configuration tree."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed."""
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like `section.key=value`")
+    key, raw = item.split("=", 1)
+    keys = [k for k in key.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    return keys, value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``tree`` with each dotted override written into it."""
+    result = yaml.safe_load(yaml.safe_dump(tree)) or {}
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = result
+        for k in keys[:-1]:
+            child = node.setdefault(k, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: `{k}` is a value, not a section")
+            node = child
+        node[keys[-1]] = value
+    return result
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> AgentRLConfig:
+    """Load ``path`` (YAML; None = all defaults), apply dotted overrides, validate."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded or {}
+    tree = apply_overrides(tree, overrides or [])
+    return AgentRLConfig.model_validate(tree)
+
+
+def describe_config(model: type[BaseModel] = AgentRLConfig, prefix: str = "") -> list[str]:
+    """One line per leaf field: ``dotted.name (default): description``."""
+    lines = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            lines.extend(describe_config(annotation, f"{prefix}{name}."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        lines.append(f"{prefix}{name} (default {default!r}): {field.description}")
+    return lines

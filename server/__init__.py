@@ -1,0 +1,1 @@
+"""Rollout serving: engines, the Ray Serve deployment, routing and the client."""

@@ -1,0 +1,19 @@
+"""Build the configured ``RolloutEngine`` backend."""
+
+from __future__ import annotations
+
+from agentrl.config import EngineConfig, ModelConfig
+from agentrl.server.engine import RolloutEngine
+
+
+def create_engine(model: ModelConfig, engine: EngineConfig) -> RolloutEngine:
+    """Instantiate the backend named by ``engine.backend`` (imports it lazily)."""
+    if engine.backend == "vllm":
+        from agentrl.server.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, engine)
+    if engine.backend == "hf":
+        from agentrl.server.hf_engine import HFEngine
+
+        return HFEngine(model, engine)
+    raise ValueError(f"unknown engine backend {engine.backend!r}; use 'vllm' or 'hf'")

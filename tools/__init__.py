@@ -1,0 +1,1 @@
+"""Tools agents can call (OpenAI function-calling schema)."""
