@@ -155,7 +155,9 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> AgentRLConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> AgentRLConfig:
     """Load ``path`` (YAML; None = all defaults), apply dotted overrides, validate."""
     tree: dict[str, Any] = {}
     if path is not None:

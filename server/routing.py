@@ -1,0 +1,94 @@
+"""Ray Serve request routers for the rollout deployment.
+
+``SessionAffinityRouter`` adapts ``SessionAffinityPolicy`` to Ray Serve's ``RequestRouter``
+plug-in point: a request's ``session_id`` keyword argument picks its replica. One router
+instance lives in every process that holds a handle to the deployment (the clients), so
+in-flight counts are those of the requests this process sent.
+
+``RoundRobinRouter`` exists as a baseline for benchmarks.
+
+Ray Serve pickles this module *by value* into every handle process, so it must hold no
+unpicklable globals (locks, registries): shared state lives in ``agentrl.server.affinity``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from agentrl.server.affinity import SessionAffinityPolicy, register_policy
+
+logger = logging.getLogger(__name__)
+
+
+def _session_of(pending_request: PendingRequest | None) -> str | None:
+    if pending_request is None:
+        return None
+    return pending_request.kwargs.get("session_id")
+
+
+class SessionAffinityRouter(RequestRouter):
+    """Sticky session routing with least-loaded placement and overload escape."""
+
+    def initialize_state(self, max_sessions: int = 100_000, overload_factor: float = 2.0):
+        self.policy = SessionAffinityPolicy(max_sessions, overload_factor)
+        register_policy(self._deployment_id.name, self.policy)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        chosen = self.policy.choose(_session_of(pending_request), list(by_id))
+        if pending_request is not None:
+            self.policy.on_routed(pending_request.metadata.internal_request_id, chosen)
+        # Fall back to the others only if the chosen replica is at max_ongoing_requests.
+        return [[by_id[chosen]], [r for rid, r in by_id.items() if rid != chosen]]
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.policy.on_completed(internal_request_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        logger.warning("rollout replica %s died; its sessions fail over", replica_id.unique_id)
+        self.policy.remove_replica(replica_id.unique_id)
+
+
+class RoundRobinRouter(RequestRouter):
+    """Cycles through replicas regardless of session or load (benchmark baseline)."""
+
+    def initialize_state(self, **_: Any) -> None:
+        self._counter = itertools.count()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
+        start = next(self._counter) % len(ordered)
+        return [[ordered[start]], ordered[start + 1 :] + ordered[:start]]
+
+
+def request_router_config(
+    policy: str, max_sessions: int, overload_factor: float
+) -> RequestRouterConfig | None:
+    """The Serve router config for ``policy`` (None = Ray Serve's default router)."""
+    if policy == "default":
+        return None
+    if policy == "affinity":
+        return RequestRouterConfig(
+            request_router_class=f"{__name__}.SessionAffinityRouter",
+            request_router_kwargs={
+                "max_sessions": max_sessions,
+                "overload_factor": overload_factor,
+            },
+        )
+    if policy == "round_robin":
+        return RequestRouterConfig(request_router_class=f"{__name__}.RoundRobinRouter")
+    raise ValueError(f"unknown router policy {policy!r}; use affinity, default or round_robin")

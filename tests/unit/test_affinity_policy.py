@@ -1,0 +1,133 @@
+"""Replica choices of the session-affinity policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.server.affinity import SessionAffinityPolicy, affinity_stats, register_policy
+
+REPLICAS = ["r0", "r1"]
+
+
+def _route(policy: SessionAffinityPolicy, session: str | None, request: str) -> str:
+    replica = policy.choose(session, REPLICAS)
+    policy.on_routed(request, replica)
+    return replica
+
+
+def test_first_request_of_session_goes_to_least_loaded_replica():
+    policy = SessionAffinityPolicy()
+    policy.on_routed("busy-1", "r0")
+    policy.on_routed("busy-2", "r0")
+    assert policy.choose("new-session", REPLICAS) == "r1"
+
+
+def test_later_requests_stick_to_the_sessions_replica():
+    policy = SessionAffinityPolicy()
+    first = _route(policy, "s", "t1")
+    policy.on_completed("t1")
+    # Make the sticky replica slightly busier: affinity must still win.
+    policy.on_routed("other", first)
+    assert policy.choose("s", REPLICAS) == first
+    assert policy.stats.sticky_hits == 1
+
+
+def test_new_sessions_spread_evenly_across_replicas():
+    policy = SessionAffinityPolicy()
+    placed = [policy.choose(f"s{i}", REPLICAS) for i in range(10)]
+    assert placed.count("r0") == placed.count("r1") == 5
+
+
+def test_sticky_session_moves_when_replica_overloaded():
+    policy = SessionAffinityPolicy(overload_factor=2.0)
+    home = _route(policy, "s", "t1")
+    other = next(r for r in REPLICAS if r != home)
+    # home has 1 in flight; pile up to 3 > 2 × (0 + 1) on it.
+    policy.on_routed("x1", home)
+    policy.on_routed("x2", home)
+    assert policy.choose("s", REPLICAS) == other
+    assert policy.stats.moves == 1
+    assert policy.replica_of("s") == other
+
+
+def test_sticky_session_stays_at_the_overload_threshold():
+    policy = SessionAffinityPolicy(overload_factor=2.0)
+    home = _route(policy, "s", "t1")
+    policy.on_routed("x1", home)  # 2 in flight == 2 × (0 + 1): not yet overloaded
+    assert policy.choose("s", REPLICAS) == home
+    assert policy.stats.moves == 0
+
+
+def test_session_fails_over_when_its_replica_disappears():
+    policy = SessionAffinityPolicy()
+    home = _route(policy, "s", "t1")
+    other = next(r for r in REPLICAS if r != home)
+    policy.remove_replica(home)
+    assert policy.in_flight(home) == 0
+    assert policy.choose("s", [other]) == other
+    assert policy.stats.failovers == 1
+
+
+def test_lru_bound_evicts_least_recently_used_session():
+    policy = SessionAffinityPolicy(max_sessions=2)
+    policy.choose("a", REPLICAS)
+    policy.choose("b", REPLICAS)
+    policy.choose("a", REPLICAS)  # refresh a; b is now the oldest
+    policy.choose("c", REPLICAS)
+    assert policy.num_sessions == 2
+    assert policy.replica_of("b") is None
+    assert policy.replica_of("a") is not None and policy.replica_of("c") is not None
+    assert policy.stats.evictions == 1
+
+
+def test_in_flight_count_decrements_on_completion_exactly_once():
+    policy = SessionAffinityPolicy()
+    replica = _route(policy, "s", "t1")
+    _route(policy, "s", "t2")
+    assert policy.in_flight(replica) == 2
+    policy.on_completed("t1")
+    policy.on_completed("t1")  # duplicate completion callbacks must not go negative
+    assert policy.in_flight(replica) == 1
+    policy.on_completed("t2")
+    assert policy.in_flight(replica) == 0
+
+
+def test_rerouting_a_request_moves_its_in_flight_count():
+    policy = SessionAffinityPolicy()
+    policy.on_routed("t1", "r0")
+    policy.on_routed("t1", "r1")
+    assert (policy.in_flight("r0"), policy.in_flight("r1")) == (0, 1)
+
+
+def test_sessionless_requests_go_to_least_loaded():
+    policy = SessionAffinityPolicy()
+    policy.on_routed("busy", "r1")
+    assert policy.choose(None, REPLICAS) == "r0"
+    assert policy.num_sessions == 0
+
+
+def test_no_candidates_is_a_clear_error():
+    with pytest.raises(ValueError, match="no replica"):
+        SessionAffinityPolicy().choose("s", [])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_sessions": 0}, "max_sessions"),
+        ({"overload_factor": 0.5}, "overload_factor"),
+    ],
+)
+def test_invalid_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SessionAffinityPolicy(**kwargs)
+
+
+def test_stats_snapshot_is_a_copy():
+    policy = SessionAffinityPolicy()
+    register_policy("test-deployment", policy)
+    policy.choose("s", REPLICAS)
+    snapshot = affinity_stats()["test-deployment"]
+    policy.choose("t", REPLICAS)
+    assert snapshot.new_sessions == 1
+    assert affinity_stats()["test-deployment"].new_sessions == 2
