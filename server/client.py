@@ -1,0 +1,170 @@
+"""``ServerClient``: what agent loops call to generate, and what trainers call to control."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+import torch
+from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.handle import DeploymentHandle
+from tenacity import (
+    AsyncRetrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from agentrl.server.affinity import AffinityStats, affinity_stats
+from agentrl.server.types import PauseMode, RolloutError, SamplingParams, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaFailure(RuntimeError):
+    """A replica died or became unreachable while serving a request (retryable)."""
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """Map Ray's wrappers to what the caller should see."""
+    if isinstance(exc, RolloutError):
+        return RolloutError(str(exc).splitlines()[-1].removeprefix("RolloutError: "))
+    if isinstance(exc, RayActorError):
+        return ReplicaFailure(f"rollout replica failed: {exc}")
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, RayActorError):
+        return ReplicaFailure(f"rollout replica failed: {exc.cause}")
+    return exc
+
+
+class ServerClient:
+    """Async client of the rollout deployment.
+
+    ``generate`` routes by ``session_id`` (the affinity router keeps a session on one
+    replica) and retries on replica failure: the retry resends the whole request to a
+    live replica, and the result of a failed attempt is never returned, so every call
+    returns exactly one output.
+    """
+
+    def __init__(
+        self,
+        handle: DeploymentHandle,
+        *,
+        deployment_name: str,
+        max_retries: int = 3,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self._handle = handle
+        self._deployment_name = deployment_name
+        self._max_retries = max_retries
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def connect(
+        cls, app_name: str, deployment_name: str, *, max_retries: int = 3, timeout_s: float = 600.0
+    ) -> ServerClient:
+        """A client of a running rollout application (same Ray cluster)."""
+        handle = serve.get_deployment_handle(deployment_name, app_name)
+        return cls(
+            handle, deployment_name=deployment_name, max_retries=max_retries, timeout_s=timeout_s
+        )
+
+    async def generate(
+        self,
+        session_id: str | None,
+        prompt_ids: list[int],
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        """Generate a continuation of ``prompt_ids`` for one turn of ``session_id``.
+
+        Raises ``RolloutError`` for a request no replica can serve (bad input), and
+        ``ReplicaFailure`` if replicas kept failing after ``max_retries`` retries.
+        """
+        if session_id is not None and (not isinstance(session_id, str) or not session_id):
+            raise RolloutError(f"session_id must be a non-empty string or None, got {session_id!r}")
+        sampling = sampling or SamplingParams()
+        sampling.validate()
+        request_id = request_id or uuid.uuid4().hex
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(ReplicaFailure),
+            stop=stop_after_attempt(self._max_retries + 1),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._generate_once(session_id, prompt_ids, sampling, request_id)
+        raise AssertionError("unreachable: tenacity reraises the last failure")
+
+    async def _generate_once(
+        self,
+        session_id: str | None,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str,
+    ) -> TokenOutput:
+        response = self._handle.generate.remote(
+            prompt_ids=list(prompt_ids),
+            sampling=sampling,
+            session_id=session_id,
+            request_id=request_id,
+        )
+        try:
+            return await asyncio.wait_for(response, timeout=self._timeout_s)
+        except TimeoutError:
+            response.cancel()
+            raise
+        except Exception as exc:
+            unwrapped = _unwrap(exc)
+            if unwrapped is exc:
+                raise
+            raise unwrapped from exc
+
+    async def abort(self, request_id: str) -> TokenOutput | None:
+        """Abort ``request_id`` on whichever replica runs it; returns its partial output."""
+        results = await self._broadcast("abort", request_id)
+        return next((r for r in results if r is not None), None)
+
+    async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
+        """Pause every replica (see ``PauseMode``)."""
+        await self._broadcast("pause", PauseMode(mode).value)
+
+    async def resume(self) -> None:
+        """Resume every replica."""
+        await self._broadcast("resume")
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Put the weights in the object store once; every replica loads them as ``version``."""
+        ref = ray.put([(name, t.detach().cpu()) for name, t in named_tensors])
+        await self._broadcast("update_weights", [ref], version)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._broadcast("reset_prefix_cache")
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """One stats dict per replica."""
+        return await self._broadcast("stats")
+
+    def router_stats(self) -> AffinityStats | None:
+        """This process's affinity-router counters (None for other routers)."""
+        return affinity_stats().get(self._deployment_name)
+
+    async def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        try:
+            return await self._handle.broadcast(method, *args).results_async(
+                timeout_s=self._timeout_s
+            )
+        except Exception as exc:
+            unwrapped = _unwrap(exc)
+            if unwrapped is exc:
+                raise
+            raise unwrapped from exc

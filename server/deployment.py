@@ -1,0 +1,122 @@
+"""The ``RolloutServer`` Ray Serve deployment: one rollout engine per replica."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+import ray
+import torch
+from ray import serve
+from ray.serve import Application
+
+from agentrl.config import EngineConfig, ModelConfig, ServerConfig
+from agentrl.server.factory import create_engine
+from agentrl.server.routing import request_router_config
+from agentrl.server.types import PauseMode, SamplingParams, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+DEPLOYMENT_NAME = "RolloutServer"
+
+# Environment the engines read; forwarded to replicas so a driver's settings apply there.
+_ENGINE_ENV_VARS = (
+    "VLLM_CACHE_ROOT",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_LOGGING_LEVEL",
+    "HF_HUB_OFFLINE",
+    "HF_HOME",
+    "TOKENIZERS_PARALLELISM",
+    "AGENTRL_CACHE",
+)
+
+
+class RolloutServer:
+    """Serves token-in/token-out generation and the control calls of one engine.
+
+    Requests arrive through ``ServerClient`` (data path, routed per session) and
+    ``handle.broadcast`` (control path: pause, resume, update_weights, ...).
+    """
+
+    def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
+        self._engine = create_engine(ModelConfig(**model), EngineConfig(**engine))
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
+        logger.info("rollout replica %s ready (%s)", self._replica_id, engine["backend"])
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        """Generate for one request; ``session_id`` is read by the router, not here."""
+        out = await self._engine.generate(request_id or uuid.uuid4().hex, prompt_ids, sampling)
+        out.replica_id = self._replica_id
+        return out
+
+    async def abort(self, request_id: str) -> TokenOutput | None:
+        """Abort ``request_id`` if this replica runs it; returns its partial output."""
+        out = await self._engine.abort(request_id)
+        if out is not None:
+            out.replica_id = self._replica_id
+        return out
+
+    async def pause(self, mode: str = PauseMode.KEEP.value) -> str:
+        await self._engine.pause(PauseMode(mode))
+        return self._replica_id
+
+    async def resume(self) -> str:
+        await self._engine.resume()
+        return self._replica_id
+
+    async def update_weights(self, weights: list[ray.ObjectRef], version: int) -> str:
+        """Load ``(name, tensor)`` pairs stored once in the object store (``weights[0]``)."""
+        named_tensors = await weights[0]
+        await self._engine.update_weights(named_tensors, version)
+        await self._engine.reset_prefix_cache()
+        return self._replica_id
+
+    async def reset_prefix_cache(self) -> str:
+        await self._engine.reset_prefix_cache()
+        return self._replica_id
+
+    async def stats(self) -> dict[str, Any]:
+        return {"replica_id": self._replica_id, **await self._engine.stats()}
+
+    async def __del__(self) -> None:
+        await self._engine.shutdown()
+
+
+def _engine_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in _ENGINE_ENV_VARS if k in os.environ}
+
+
+def build_rollout_app(model: ModelConfig, server: ServerConfig) -> Application:
+    """The Serve application of ``server.num_replicas`` rollout replicas."""
+    engine = server.engine
+    num_gpus = server.num_gpus_per_replica
+    if num_gpus is None:
+        num_gpus = engine.tensor_parallel_size if torch.cuda.is_available() else 0
+    options: dict[str, Any] = {
+        "name": DEPLOYMENT_NAME,
+        "num_replicas": server.num_replicas,
+        "max_ongoing_requests": server.max_ongoing_requests,
+        "ray_actor_options": {
+            "num_cpus": server.num_cpus_per_replica,
+            "num_gpus": num_gpus,
+            "runtime_env": {"env_vars": _engine_env()},
+        },
+        "health_check_period_s": 5,
+        "graceful_shutdown_timeout_s": 5,
+    }
+    router = request_router_config(
+        server.router.policy, server.router.max_sessions, server.router.overload_factor
+    )
+    if router is not None:
+        options["request_router_config"] = router
+    deployment = serve.deployment(RolloutServer).options(**options)
+    return deployment.bind(model.model_dump(), engine.model_dump())
