@@ -59,7 +59,11 @@ async def _run_session(
     log = SessionLog(session_id=f"demo-{index}")
     messages = [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}]
     prompt = await asyncio.to_thread(
-        tokenizer.apply_chat_template, messages, add_generation_prompt=True, tokenize=True
+        tokenizer.apply_chat_template,
+        messages,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     previous_len = 0
     for turn in range(turns):

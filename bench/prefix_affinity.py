@@ -78,7 +78,9 @@ def _preamble(tokenizer, session: int, num_words: int) -> list[int]:
     rng = random.Random(session)
     text = f"Session {session} notes: " + " ".join(rng.choices(WORDS, k=num_words))
     messages = [{"role": "system", "content": text}, {"role": "user", "content": "Continue."}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 async def _session(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class PauseMode(str, Enum):
+class PauseMode(StrEnum):
     """What happens to in-flight requests when an engine pauses.
 
     - ``abort``: in-flight requests end now with ``finish_reason="abort"`` and their partial
@@ -76,6 +76,13 @@ class TokenOutput:
 
 def check_prompt(prompt_ids: list[int], max_model_len: int, vocab_size: int | None) -> None:
     """Raise ``RolloutError`` if ``prompt_ids`` cannot be served by an engine."""
+    if not isinstance(prompt_ids, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids
+    ):
+        raise RolloutError(
+            f"prompt_ids must be a list of int token ids, got {type(prompt_ids).__name__} "
+            "(with transformers 5, call apply_chat_template(..., return_dict=False))"
+        )
     if not prompt_ids:
         raise RolloutError("prompt_ids is empty: a request needs at least one prompt token")
     if len(prompt_ids) >= max_model_len:

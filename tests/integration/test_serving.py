@@ -62,7 +62,9 @@ def hf_state(tiny_checkpoint):
 
 def _prompt(tokenizer, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 async def test_generate_returns_tokens_and_logprobs(client, tokenizer):
