@@ -48,7 +48,10 @@ async def engine(request, tiny_checkpoint):
 
 def _prompt(tokenizer, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # transformers 5 returns a BatchEncoding unless return_dict=False.
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def _perturbed_state(hf_model, scale: float, seed: int) -> list[tuple[str, torch.Tensor]]:

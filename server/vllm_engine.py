@@ -1,0 +1,441 @@
+"""``RolloutEngine`` backed by an in-process vLLM v1 ``AsyncLLM``.
+
+Token ids in, token ids out: no detokenization, one sampled-token logprob per generated
+token, and the policy version that sampled each token. Weight versions are vLLM's own
+labels (``AsyncLLM.update_weight_version``); the engine core stamps every step's output with
+the label in force and ``CompletionOutput.weight_versions`` reports them as spans.
+Weights are only swapped while the scheduler is paused, so the labels are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from vllm import SamplingParams as VLLMSamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
+from vllm.inputs import tokens_input
+from vllm.outputs import RequestOutput
+from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from agentrl.config import EngineConfig, ModelConfig
+from agentrl.server.engine import NamedTensors, RolloutEngine
+from agentrl.server.types import (
+    PauseMode,
+    RolloutError,
+    SamplingParams,
+    TokenOutput,
+    check_prompt,
+    clamp_max_tokens,
+)
+from agentrl.server.vllm_worker_ext import encode_tensor
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "agentrl.server.vllm_worker_ext.WeightSyncExtension"
+# Upper bound of one weight-update message; a fused module is never split across messages.
+_UPDATE_CHUNK_BYTES = 512 * 1024**2
+# vLLM labels the weights "default" until the first update_weight_version call.
+_INITIAL_VERSION = 0
+_FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    aborted: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    weight_updates: int = 0
+
+
+def _set_cpu_env_defaults(engine: EngineConfig) -> None:
+    """Environment the CPU build of vLLM needs; values already set are kept."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if engine.kv_cache_memory_bytes is None:
+        # Without an explicit size the CPU backend sizes the KV cache from
+        # gpu_memory_utilization × node memory, far too much on a shared machine.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    elif os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        logger.warning(
+            "VLLM_CPU_KVCACHE_SPACE=%s GiB overrides kv_cache_memory_bytes=%d on the CPU "
+            "backend; unset it to use the configured size",
+            os.environ["VLLM_CPU_KVCACHE_SPACE"],
+            engine.kv_cache_memory_bytes,
+        )
+
+
+def _hf_parameter_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the Hugging Face state dict (what a trainer sends).
+
+    vLLM fuses q/k/v and gate/up projections, so updates are validated against the
+    checkpoint-style names of a meta-device transformers model instead of vLLM's own
+    parameters. No memory is allocated.
+    """
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(
+            config, trust_remote_code=model.trust_remote_code
+        )
+    return {name: tuple(t.shape) for name, t in hf_model.state_dict().items()}
+
+
+def _module_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[str, str]:
+    """Map each tensor name to the vLLM module that loads it.
+
+    ``model.layers.0.self_attn.k_proj.bias`` → ``model.layers.0.self_attn.qkv_proj`` when
+    ``packed`` fuses ``k_proj`` into ``qkv_proj``; otherwise the tensor's own module.
+    """
+    fused_of = {part: fused for fused, parts in packed.items() for part in parts}
+    groups = {}
+    for name in names:
+        module = name.rpartition(".")[0]
+        parent, dot, leaf = module.rpartition(".")
+        if leaf in fused_of:
+            module = f"{parent}{dot}{fused_of[leaf]}"
+        groups[name] = module
+    return groups
+
+
+def _to_version(label: str) -> int:
+    """The integer policy version behind a vLLM weight-version label."""
+    try:
+        return int(label)
+    except ValueError:
+        return _INITIAL_VERSION
+
+
+class VLLMEngine(RolloutEngine):
+    """vLLM v1 ``AsyncLLM`` in this process (engine core and workers in child processes).
+
+    Prefix caching is on (``engine.enable_prefix_caching``), the KV cache is sized by
+    ``engine.kv_cache_memory_bytes`` (or ``gpu_memory_utilization`` when None on GPU), and
+    weights are pushed to the workers through ``collective_rpc`` to
+    ``vllm_worker_ext.WeightSyncExtension``.
+    """
+
+    def __init__(self, model: ModelConfig, engine: EngineConfig) -> None:
+        """Start the engine (blocks for the model load, ~25 s for a tiny model on CPU)."""
+        if current_platform.is_cpu():
+            _set_cpu_env_defaults(engine)
+        self._model_cfg = model
+        self._dtype: torch.dtype = getattr(torch, model.dtype)
+        self._param_shapes = _hf_parameter_shapes(model)
+        args = AsyncEngineArgs(
+            model=model.path,
+            tokenizer=model.tokenizer,
+            dtype=model.dtype,
+            trust_remote_code=model.trust_remote_code,
+            seed=engine.seed,
+            max_model_len=engine.max_model_len,
+            max_num_seqs=engine.max_num_seqs,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+            block_size=engine.block_size,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            enforce_eager=engine.enforce_eager,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        start = time.perf_counter()
+        self._llm = AsyncLLM.from_engine_args(args)
+        model_config = self._llm.model_config
+        self._max_model_len: int = model_config.max_model_len
+        self._vocab_size: int = model_config.get_vocab_size()
+        # tensor name -> vLLM module and module -> tensor names; filled on the first update
+        self._module_of: dict[str, str] = {}
+        self._module_members: dict[str, set[str]] = {}
+        self._version = _INITIAL_VERSION
+        self._paused = False
+        self._closed = False
+        self._control = asyncio.Lock()  # serializes pause / resume / update_weights
+        self._inflight: dict[str, asyncio.Future[TokenOutput | None]] = {}
+        self._counters = _Counters()
+        logger.info(
+            "vLLM engine up in %.1fs: %s (%s, tp=%d, max_model_len=%d, block_size=%d)",
+            time.perf_counter() - start,
+            model.path,
+            model.dtype,
+            engine.tensor_parallel_size,
+            self._max_model_len,
+            engine.block_size,
+        )
+
+    @property
+    def weight_version(self) -> int:
+        """The policy version of the weights currently loaded."""
+        return self._version
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingParams
+    ) -> TokenOutput:
+        """Generate from ``prompt_ids``; ``max_tokens`` is clamped to the context window.
+
+        Raises ``RolloutError`` for an empty, too long or out-of-vocabulary prompt, invalid
+        sampling parameters, or a ``request_id`` that is already in flight.
+        """
+        self._check_open()
+        check_prompt(prompt_ids, self._max_model_len, self._vocab_size)
+        sampling.validate()
+        if request_id in self._inflight:
+            raise RolloutError(f"request_id {request_id!r} is already in flight")
+        try:
+            params = self._vllm_sampling(sampling, len(prompt_ids))
+        except (VLLMClientError, ValueError) as exc:
+            raise RolloutError(f"invalid sampling parameters: {exc}") from exc
+        done: asyncio.Future[TokenOutput | None] = asyncio.get_running_loop().create_future()
+        self._inflight[request_id] = done
+        result: TokenOutput | None = None
+        start = time.perf_counter()
+        try:
+            final: RequestOutput | None = None
+            async for output in self._llm.generate(
+                tokens_input(list(prompt_ids)), params, request_id
+            ):
+                final = output
+            if final is None:
+                raise RuntimeError(f"vLLM returned no output for request {request_id!r}")
+            result = self._token_output(final, len(prompt_ids), time.perf_counter() - start)
+            return result
+        except VLLMClientError as exc:
+            raise RolloutError(f"vLLM rejected request {request_id!r}: {exc}") from exc
+        finally:
+            del self._inflight[request_id]
+            done.set_result(result)
+
+    async def abort(self, request_id: str) -> TokenOutput | None:
+        """Abort ``request_id``; returns its partial output, or None if it is not in flight."""
+        done = self._inflight.get(request_id)
+        if done is None:
+            return None
+        await self._llm.abort(request_id)
+        return await asyncio.shield(done)
+
+    async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
+        """Stop scheduling; ``mode`` decides what happens to in-flight requests.
+
+        ``abort`` ends them now with their partial tokens, ``wait`` returns once running
+        requests finished, ``keep`` freezes them until ``resume``. Requests submitted
+        while paused are queued. Caches are kept (see ``reset_prefix_cache``).
+        """
+        try:
+            pause_mode = PauseMode(mode)
+        except ValueError as exc:
+            choices = ", ".join(m.value for m in PauseMode)
+            raise RolloutError(f"unknown pause mode {mode!r}; use one of: {choices}") from exc
+        self._check_open()
+        async with self._control:
+            await self._llm.pause_generation(mode=pause_mode.value, clear_cache=False)
+            self._paused = True
+        logger.info("paused generation (mode=%s)", pause_mode.value)
+
+    async def resume(self) -> None:
+        """Continue after ``pause``; held and queued requests are scheduled again."""
+        self._check_open()
+        async with self._control:
+            await self._llm.resume_generation()
+            self._paused = False
+        logger.info("resumed generation")
+
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Load new weights (Hugging Face names) and label what is sampled next ``version``.
+
+        Every tensor is checked before anything is loaded: an unknown name, a wrong shape
+        or a fused vLLM module given only some of its tensors raises ``RolloutError`` and
+        the old weights stay. If the engine is not paused it is paused (``keep``) for the
+        swap, so no step mixes weights and labels. The prefix cache is not reset here.
+        """
+        self._check_open()
+        tensors = self._validate_update(named_tensors)
+        async with self._control:
+            await self._check_whole_modules([name for name, _ in tensors])
+            chunks = self._chunk_by_module(tensors)
+            pause_here = not self._paused
+            if pause_here:
+                await self._llm.pause_generation(mode="keep", clear_cache=False)
+            start = time.perf_counter()
+            try:
+                for i, chunk in enumerate(chunks):
+                    encoded = [encode_tensor(name, t) for name, t in chunk]
+                    try:
+                        await self._llm.collective_rpc("agentrl_load_weights", args=(encoded,))
+                    except Exception as exc:
+                        raise RuntimeError(
+                            f"loading weight message {i + 1}/{len(chunks)} failed; the "
+                            f"engine may hold a mix of old and new weights: {exc}"
+                        ) from exc
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+                self._counters.weight_updates += 1
+            finally:
+                if pause_here:
+                    await self._llm.resume_generation()
+        logger.info(
+            "loaded %d tensors in %d message(s) in %.2fs; weight version %d",
+            len(tensors),
+            len(chunks),
+            time.perf_counter() - start,
+            version,
+        )
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached KV block; running requests are recomputed from their tokens."""
+        self._check_open()
+        if not await self._llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM could not reset the prefix cache")
+
+    async def stats(self) -> dict[str, Any]:
+        """Weight version, in-flight requests, token and prefix-cache counters."""
+        c = self._counters
+        unfinished = 0 if self._closed else self._llm.get_num_unfinished_requests()
+        return {
+            "backend": "vllm",
+            "weight_version": self._version,
+            "paused": self._paused,
+            "closed": self._closed,
+            "num_running": len(self._inflight),
+            "num_unfinished_in_engine": unfinished,
+            "requests_total": c.requests,
+            "aborted_total": c.aborted,
+            "prompt_tokens_total": c.prompt_tokens,
+            "generated_tokens_total": c.generated_tokens,
+            "prefix_cache_hit_tokens_total": c.cached_prompt_tokens,
+            "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens
+            if c.prompt_tokens
+            else 0.0,
+            "weight_updates_total": c.weight_updates,
+        }
+
+    async def shutdown(self) -> None:
+        """Abort in-flight requests and stop the engine core and worker processes."""
+        if self._closed:
+            return
+        if self._inflight:
+            await self._llm.abort(list(self._inflight))
+        self._closed = True
+        self._llm.shutdown()
+        # Drop the client now: its __del__ shuts down again and fails at interpreter exit.
+        del self._llm
+        logger.info("vLLM engine shut down")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the vLLM engine has been shut down")
+
+    def _vllm_sampling(self, sampling: SamplingParams, prompt_len: int) -> VLLMSamplingParams:
+        return VLLMSamplingParams(
+            max_tokens=clamp_max_tokens(sampling, prompt_len, self._max_model_len),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def _token_output(self, final: RequestOutput, prompt_len: int, latency: float) -> TokenOutput:
+        completion = final.outputs[0]
+        if completion.finish_reason not in _FINISH_REASONS:
+            raise RuntimeError(
+                f"vLLM request {final.request_id!r} ended with {completion.finish_reason!r}"
+            )
+        token_ids = list(completion.token_ids)
+        logprobs = [
+            entry[token].logprob
+            for entry, token in zip(completion.logprobs or [], token_ids, strict=True)
+        ]
+        token_versions = [self._version] * len(token_ids)
+        for span in completion.weight_versions or []:
+            token_versions[span.start : span.end] = [_to_version(span.version)] * (
+                span.end - span.start
+            )
+        cached = final.num_cached_tokens or 0
+        c = self._counters
+        c.requests += 1
+        c.aborted += completion.finish_reason == "abort"
+        c.prompt_tokens += prompt_len
+        c.cached_prompt_tokens += cached
+        c.generated_tokens += len(token_ids)
+        return TokenOutput(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason,
+            num_cached_tokens=cached,
+            weight_version=self._version,
+            token_versions=token_versions,
+            num_prompt_tokens=prompt_len,
+            metrics={"latency_s": latency},
+        )
+
+    def _validate_update(self, named_tensors: NamedTensors) -> list[tuple[str, torch.Tensor]]:
+        """Check names and shapes against the HF state dict; cast floats to the model dtype."""
+        tensors: list[tuple[str, torch.Tensor]] = []
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            expected = self._param_shapes.get(name)
+            if expected is None:
+                raise RolloutError(
+                    f"unknown parameter {name!r}: {self._model_cfg.path} has no such weight"
+                )
+            if tuple(tensor.shape) != expected:
+                raise RolloutError(
+                    f"parameter {name!r} has shape {tuple(tensor.shape)}, expected {expected}"
+                )
+            if name in seen:
+                raise RolloutError(f"parameter {name!r} appears twice in one update")
+            seen.add(name)
+            if tensor.is_floating_point():
+                tensor = tensor.to(self._dtype)
+            tensors.append((name, tensor))
+        if not tensors:
+            raise RolloutError("update_weights got no tensors")
+        return tensors
+
+    async def _check_whole_modules(self, names: list[str]) -> None:
+        """Reject an update that gives a vLLM module only some of its tensors."""
+        if not self._module_of:
+            packed = (await self._llm.collective_rpc("agentrl_packed_modules"))[0]
+            self._module_of = _module_groups(self._param_shapes, packed)
+            for name, module in self._module_of.items():
+                self._module_members.setdefault(module, set()).add(name)
+        sent = set(names)
+        for module in {self._module_of[name] for name in names}:
+            missing = sorted(self._module_members[module] - sent)
+            if missing:
+                raise RolloutError(
+                    f"partial update of vLLM module {module!r}: {len(missing)} tensor(s) "
+                    f"missing, e.g. {missing[:4]}; vLLM reloads a module as a whole, so "
+                    "send all of its tensors together"
+                )
+
+    def _chunk_by_module(
+        self, tensors: list[tuple[str, torch.Tensor]]
+    ) -> list[list[tuple[str, torch.Tensor]]]:
+        """Split into messages of about ``_UPDATE_CHUNK_BYTES``, keeping modules whole."""
+        by_module: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        for name, tensor in tensors:
+            by_module.setdefault(self._module_of[name], []).append((name, tensor))
+        chunks: list[list[tuple[str, torch.Tensor]]] = [[]]
+        size = 0
+        for group in by_module.values():
+            group_bytes = sum(t.numel() * t.element_size() for _, t in group)
+            if chunks[-1] and size + group_bytes > _UPDATE_CHUNK_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].extend(group)
+            size += group_bytes
+        return chunks
