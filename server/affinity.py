@@ -12,7 +12,8 @@ Rules, in order:
 3. Later requests go to the sticky replica, unless it is overloaded: its in-flight count
    exceeds ``overload_factor × (least-loaded count + 1)``. Then the session moves to the
    least-loaded replica (counted in ``moves``).
-4. A session whose replica disappeared (died, scaled down) moves too (``failovers``).
+4. A session whose replica disappeared (died, scaled down) or failed its last request
+   (the client passes it in ``avoid``) moves too (``failovers``).
 
 "Least loaded" is the fewest in-flight requests routed by this policy, ties broken by
 the fewest sticky sessions, then by replica id, so a burst of new sessions spreads evenly.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 
@@ -66,10 +67,17 @@ class SessionAffinityPolicy:
     def num_sessions(self) -> int:
         return len(self._sessions)
 
-    def choose(self, session_id: str | None, candidates: Sequence[str]) -> str:
-        """Pick the replica for one request of ``session_id`` among ``candidates``."""
+    def choose(
+        self, session_id: str | None, candidates: Sequence[str], avoid: Collection[str] = ()
+    ) -> str:
+        """Pick the replica for one request of ``session_id`` among ``candidates``.
+
+        Replicas in ``avoid`` (where this request just failed) are skipped unless no other
+        candidate is left.
+        """
         if not candidates:
             raise ValueError("no replica to choose from")
+        candidates = [r for r in candidates if r not in avoid] or list(candidates)
         least = min(
             candidates, key=lambda r: (self._in_flight[r], self._sessions_per_replica[r], r)
         )

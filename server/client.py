@@ -12,7 +12,7 @@ import ray
 import torch
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from tenacity import (
     AsyncRetrying,
     before_sleep_log,
@@ -30,15 +30,19 @@ logger = logging.getLogger(__name__)
 class ReplicaFailure(RuntimeError):
     """A replica died or became unreachable while serving a request (retryable)."""
 
+    def __init__(self, message: str, actor_id: str | None = None) -> None:
+        super().__init__(message)
+        self.actor_id = actor_id
+
 
 def _unwrap(exc: BaseException) -> BaseException:
     """Map Ray's wrappers to what the caller should see."""
     if isinstance(exc, RolloutError):
         return RolloutError(str(exc).splitlines()[-1].removeprefix("RolloutError: "))
-    if isinstance(exc, RayActorError):
-        return ReplicaFailure(f"rollout replica failed: {exc}")
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, RayActorError):
-        return ReplicaFailure(f"rollout replica failed: {exc.cause}")
+        exc = exc.cause
+    if isinstance(exc, RayActorError):
+        return ReplicaFailure(f"rollout replica failed: {exc}", actor_id=exc.actor_id)
     return exc
 
 
@@ -63,6 +67,8 @@ class ServerClient:
         self._deployment_name = deployment_name
         self._max_retries = max_retries
         self._timeout_s = timeout_s
+        self.replica_failures = 0
+        """Attempts that failed because their replica died (each was retried elsewhere)."""
 
     @classmethod
     def connect(
@@ -91,6 +97,7 @@ class ServerClient:
         sampling = sampling or SamplingParams()
         sampling.validate()
         request_id = request_id or uuid.uuid4().hex
+        failed_actors: set[str] = set()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(ReplicaFailure),
             stop=stop_after_attempt(self._max_retries + 1),
@@ -100,26 +107,29 @@ class ServerClient:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._generate_once(session_id, prompt_ids, sampling, request_id)
+                response = self._handle.generate.remote(
+                    prompt_ids=list(prompt_ids),
+                    sampling=sampling,
+                    session_id=session_id,
+                    request_id=request_id,
+                    avoid_actor_ids=frozenset(failed_actors),
+                )
+                try:
+                    return await self._await(response)
+                except ReplicaFailure as failure:
+                    self.replica_failures += 1
+                    if failure.actor_id:
+                        failed_actors.add(failure.actor_id)
+                    raise
         raise AssertionError("unreachable: tenacity reraises the last failure")
 
-    async def _generate_once(
-        self,
-        session_id: str | None,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        request_id: str,
-    ) -> TokenOutput:
-        response = self._handle.generate.remote(
-            prompt_ids=list(prompt_ids),
-            sampling=sampling,
-            session_id=session_id,
-            request_id=request_id,
-        )
+    async def _await(self, response: Any) -> Any:
+        """Await a Serve response with the client timeout, unwrapping Ray's errors."""
         try:
             return await asyncio.wait_for(response, timeout=self._timeout_s)
         except TimeoutError:
-            response.cancel()
+            if isinstance(response, DeploymentResponse):
+                response.cancel()  # also stops the generation on the replica
             raise
         except Exception as exc:
             unwrapped = _unwrap(exc)
@@ -159,12 +169,4 @@ class ServerClient:
         return affinity_stats().get(self._deployment_name)
 
     async def _broadcast(self, method: str, *args: Any) -> list[Any]:
-        try:
-            return await self._handle.broadcast(method, *args).results_async(
-                timeout_s=self._timeout_s
-            )
-        except Exception as exc:
-            unwrapped = _unwrap(exc)
-            if unwrapped is exc:
-                raise
-            raise unwrapped from exc
+        return await self._await(self._handle.broadcast(method, *args).results_async())

@@ -52,8 +52,13 @@ class RolloutServer:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        avoid_actor_ids: frozenset[str] = frozenset(),
     ) -> TokenOutput:
-        """Generate for one request; ``session_id`` is read by the router, not here."""
+        """Generate for one request.
+
+        ``session_id`` and ``avoid_actor_ids`` (replicas where earlier attempts of this
+        request failed) are read by the router, not here.
+        """
         out = await self._engine.generate(request_id or uuid.uuid4().hex, prompt_ids, sampling)
         out.replica_id = self._replica_id
         return out

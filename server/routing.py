@@ -25,10 +25,10 @@ from agentrl.server.affinity import SessionAffinityPolicy, register_policy
 logger = logging.getLogger(__name__)
 
 
-def _session_of(pending_request: PendingRequest | None) -> str | None:
+def _request_kwarg(pending_request: PendingRequest | None, name: str, default: Any) -> Any:
     if pending_request is None:
-        return None
-    return pending_request.kwargs.get("session_id")
+        return default
+    return pending_request.kwargs.get(name, default)
 
 
 class SessionAffinityRouter(RequestRouter):
@@ -44,7 +44,10 @@ class SessionAffinityRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        chosen = self.policy.choose(_session_of(pending_request), list(by_id))
+        failed_actors = _request_kwarg(pending_request, "avoid_actor_ids", ())
+        avoid = {rid for rid, r in by_id.items() if r.actor_id.hex() in failed_actors}
+        session_id = _request_kwarg(pending_request, "session_id", None)
+        chosen = self.policy.choose(session_id, list(by_id), avoid)
         if pending_request is not None:
             self.policy.on_routed(pending_request.metadata.internal_request_id, chosen)
         # Fall back to the others only if the chosen replica is at max_ongoing_requests.

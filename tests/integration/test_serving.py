@@ -1,12 +1,14 @@
 """Real Ray Serve + real vLLM (CPU build): 2 rollout replicas behind the affinity router.
 
 One Ray start and one deployment are shared by the whole module; the replica-kill test
-runs last because Serve restarts the killed replica.
+runs last because Serve restarts the killed replica. AGENTRL_SERVING_BACKEND=hf runs the
+same tests on HFEngine replicas (fast, for debugging the serving layer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import ray
@@ -32,7 +34,7 @@ def cfg(tiny_checkpoint):
             "server.num_replicas=2",
             "server.http_port=18765",
             "server.max_retries=4",
-            "server.engine.backend=vllm",
+            f"server.engine.backend={os.environ.get('AGENTRL_SERVING_BACKEND', 'vllm')}",
             "server.engine.max_model_len=1024",
             "server.engine.kv_cache_memory_bytes=67108864",
             "server.engine.max_num_seqs=16",
@@ -118,9 +120,9 @@ async def test_update_weights_reaches_every_replica(client, tokenizer, hf_state)
 
 
 async def test_pause_keep_update_resume_versions_tokens_old_then_new(client, tokenizer, hf_state):
-    long = SamplingParams(max_tokens=300, temperature=1.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     task = asyncio.create_task(client.generate("s-keep", _prompt(tokenizer, "Go"), long))
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(0.3)
     await client.pause(PauseMode.KEEP)
     await client.update_weights(list(hf_state.items()), version=2)
     await client.resume()
@@ -155,14 +157,15 @@ async def test_bad_weight_update_is_rejected_everywhere(client, hf_state):
 
 
 async def test_killed_replica_in_flight_and_later_requests_complete(client, tokenizer):
-    long = SamplingParams(max_tokens=200, temperature=1.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=900, temperature=1.0, ignore_eos=True)
     probe = await client.generate("s-victim", _prompt(tokenizer, "x"), GREEDY)
     victim = probe.replica_id
+    failures_before = client.replica_failures
     in_flight = [
         asyncio.create_task(client.generate("s-victim", _prompt(tokenizer, f"y{i}"), long))
         for i in range(3)
     ]
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(0.3)
     actor_name = next(
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
@@ -170,8 +173,9 @@ async def test_killed_replica_in_flight_and_later_requests_complete(client, toke
     )
     ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
     outs = await asyncio.wait_for(asyncio.gather(*in_flight), timeout=300)
-    assert all(len(o.token_ids) == 200 for o in outs)
+    assert all(len(o.token_ids) == 900 for o in outs)
     assert all(o.replica_id != victim for o in outs)
     later = await client.generate("s-victim", _prompt(tokenizer, "after"), GREEDY)
     assert later.replica_id != victim
-    assert client.router_stats().failovers >= 1
+    # The first in-flight request always sat on the victim, so at least one retry happened.
+    assert client.replica_failures > failures_before

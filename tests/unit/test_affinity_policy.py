@@ -131,3 +131,17 @@ def test_stats_snapshot_is_a_copy():
     policy.choose("t", REPLICAS)
     assert snapshot.new_sessions == 1
     assert affinity_stats()["test-deployment"].new_sessions == 2
+
+
+def test_replica_that_failed_the_request_is_avoided_and_counted_as_failover():
+    policy = SessionAffinityPolicy()
+    home = _route(policy, "s", "t1")
+    other = next(r for r in REPLICAS if r != home)
+    assert policy.choose("s", REPLICAS, avoid={home}) == other
+    assert policy.stats.failovers == 1
+    assert policy.replica_of("s") == other
+
+
+def test_avoid_is_ignored_when_no_other_replica_is_left():
+    policy = SessionAffinityPolicy()
+    assert policy.choose("s", ["r0"], avoid={"r0"}) == "r0"
