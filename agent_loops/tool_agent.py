@@ -1,0 +1,115 @@
+"""``tool_agent``: multi-turn tool calling, token-exact.
+
+generate → parse tool calls → execute them → append the template delta of the tool
+responses → generate again, until the model stops calling tools or a limit is reached
+(``max_assistant_turns``, ``max_user_turns``, the response token budget).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from typing import Any
+
+from agentrl.agent_loops.base import AgentLoopBase
+from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.agent_loops.registry import register_agent_loop
+from agentrl.agent_loops.tool_calls import CallResult, ToolCallExecutor, truncate_response
+from agentrl.agent_loops.trajectory import TrajectoryBuilder
+from agentrl.server.types import SamplingParams, TokenOutput
+
+
+@register_agent_loop("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+    """The built-in multi-turn tool-calling loop (Hermes-style calls by default)."""
+
+    async def run(self, sample: dict[str, Any], sampling: SamplingParams) -> AgentLoopOutput:
+        messages: list[dict[str, Any]] = [dict(m) for m in sample["prompt"]]
+        trajectory = TrajectoryBuilder(await self.apply_chat_template(messages))
+        executor = ToolCallExecutor(
+            self.tools, self.config.max_parallel_calls, self.config.tool_timeout_s
+        )
+        stats: Counter[str] = Counter()
+        try:
+            stop_reason = await self._loop(messages, trajectory, executor, sampling, stats)
+            tool_reward = await executor.rewards()
+        finally:
+            await executor.release()
+        metrics = dict(stats)
+        if random.random() < self.config.drift_check_rate:
+            report = await self.renderer.check_drift(messages, trajectory.ids)
+            metrics["drift_checked"] = 1
+            metrics["tokenization_drift"] = int(report.drifted)
+        return trajectory.build(
+            max_response_length=self.config.max_response_length,
+            metrics=metrics,
+            extra={"stop_reason": stop_reason, "tool_reward": tool_reward, "messages": messages},
+        )
+
+    async def _loop(
+        self,
+        messages: list[dict[str, Any]],
+        trajectory: TrajectoryBuilder,
+        executor: ToolCallExecutor,
+        sampling: SamplingParams,
+        stats: Counter[str],
+    ) -> str:
+        """Run turns until a stop condition; returns the stop reason."""
+        budget = self.config.max_response_length
+        while True:
+            start = time.perf_counter()
+            out = await self.generate(
+                trajectory.ids, self.turn_sampling(sampling, budget - trajectory.response_length)
+            )
+            stats["gen_time_s"] += time.perf_counter() - start
+            trajectory.add_model_turn(out)
+            stats["assistant_turns"] += 1
+            ended_with_eos = self._ended_with_eos(out)
+            text = self.tokenizer.decode(out.token_ids[:-1] if ended_with_eos else out.token_ids)
+            messages.append({"role": "assistant", "content": text})
+
+            if out.finish_reason == "abort":
+                return "aborted"
+            if trajectory.response_length >= budget or out.finish_reason == "length":
+                return "response_budget"
+            parsed = self.context.tool_parser.parse(text)
+            if parsed.attempted_calls == 0:
+                return "no_tool_call"
+            if stats["assistant_turns"] >= self.config.max_assistant_turns:
+                return "max_assistant_turns"
+            if stats["user_turns"] >= self.config.max_user_turns:
+                return "max_user_turns"
+
+            start = time.perf_counter()
+            results = await executor.run_turn(parsed)
+            stats["tool_time_s"] += time.perf_counter() - start
+            self._count_calls(results, stats)
+            tool_messages = [
+                {
+                    "role": "tool",
+                    "content": truncate_response(
+                        r.text,
+                        self.config.max_tool_response_length,
+                        self.config.tool_response_truncate_side,
+                    ),
+                }
+                for r in results
+            ]
+            delta = await self.renderer.encode_delta(tool_messages, ended_with_eos)
+            room = budget - trajectory.response_length
+            trajectory.add_env_tokens(delta[:room])
+            messages.extend(tool_messages)
+            stats["user_turns"] += 1
+            if len(delta) >= room:
+                return "response_budget"
+
+    def _ended_with_eos(self, out: TokenOutput) -> bool:
+        return bool(out.token_ids) and out.token_ids[-1] == self.tokenizer.eos_token_id
+
+    @staticmethod
+    def _count_calls(results: list[CallResult], stats: Counter[str]) -> None:
+        for result in results:
+            stats["tool_calls"] += 1
+            stats[f"tool_calls/{result.outcome}"] += 1
+            stats[f"tool_calls/{result.tool}/{result.outcome}"] += 1

@@ -1,0 +1,120 @@
+"""Tool-call parsers: model output text of one turn → function calls, behind a registry.
+
+Both the agent loops and the HTTP gateway parse model output with these, so a model's
+tool calls mean the same thing wherever it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from agentrl.tools.schema import FunctionCall
+
+
+@dataclass
+class ParsedTurn:
+    """One model turn split into plain content, valid calls and malformed-call errors.
+
+    ``errors[i]`` describes a call block the model attempted but got wrong (bad JSON,
+    missing name, unterminated tag); the loop answers each with an error message.
+    """
+
+    content: str
+    calls: list[FunctionCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def attempted_calls(self) -> int:
+        return len(self.calls) + len(self.errors)
+
+
+class ToolCallParser(ABC):
+    """Parses the decoded text of one model turn."""
+
+    @abstractmethod
+    def parse(self, text: str) -> ParsedTurn:
+        """Split ``text`` (the new turn only) into content, calls and errors."""
+
+
+_PARSERS: dict[str, type[ToolCallParser]] = {}
+
+
+def register_tool_parser(name: str) -> Callable[[type[ToolCallParser]], type[ToolCallParser]]:
+    """Class decorator: make a parser available under ``name``."""
+
+    def decorate(cls: type[ToolCallParser]) -> type[ToolCallParser]:
+        _PARSERS[name] = cls
+        return cls
+
+    return decorate
+
+
+def get_tool_parser(name: str) -> ToolCallParser:
+    """A new instance of the parser registered as ``name``."""
+    try:
+        return _PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool parser {name!r}; registered: {sorted(_PARSERS)}") from None
+
+
+@register_tool_parser("hermes")
+class HermesToolParser(ToolCallParser):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen, Hermes)."""
+
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+
+    def __init__(self) -> None:
+        self._block = re.compile(
+            re.escape(self.open_tag) + r"(.*?)" + re.escape(self.close_tag), re.DOTALL
+        )
+
+    def parse(self, text: str) -> ParsedTurn:
+        turn = ParsedTurn(content="")
+        pieces: list[str] = []
+        position = 0
+        for index, match in enumerate(self._block.finditer(text), start=1):
+            pieces.append(text[position : match.start()])
+            position = match.end()
+            self._parse_block(match.group(1), index, turn)
+        tail = text[position:]
+        if self.open_tag in tail:
+            before, _, _ = tail.partition(self.open_tag)
+            pieces.append(before)
+            turn.errors.append(
+                f"tool call {turn.attempted_calls + 1}: `{self.open_tag}` was never closed "
+                f"with `{self.close_tag}`"
+            )
+        else:
+            pieces.append(tail)
+        turn.content = "".join(pieces).strip()
+        return turn
+
+    @staticmethod
+    def _parse_block(body: str, index: int, turn: ParsedTurn) -> None:
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError as exc:
+            turn.errors.append(f"tool call {index}: invalid JSON ({exc.msg} at char {exc.pos})")
+            return
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            turn.errors.append(
+                f'tool call {index}: expected {{"name": <string>, "arguments": <object>}}, '
+                f"got {body.strip()[:200]}"
+            )
+            return
+        try:
+            turn.calls.append(
+                FunctionCall(name=payload["name"], arguments=payload.get("arguments") or {})
+            )
+        except ValidationError as exc:
+            turn.errors.append(
+                f"tool call {index} ({payload['name']}): arguments must be a JSON object "
+                f"({exc.errors()[0]['msg']})"
+            )
