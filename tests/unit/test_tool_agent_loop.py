@@ -85,7 +85,7 @@ def _loop(tokenizer, turns: list[str], *, template: str | None = None, **overrid
     eos = tokenizer.eos_token_id
 
     def script(session_id, turn, prompt_ids):
-        return tokenizer.encode(turns[turn], add_special_tokens=False) + [eos]
+        return [*tokenizer.encode(turns[turn], add_special_tokens=False), eos]
 
     config = RolloutConfig(
         **{"drift_check_rate": 1.0, "tool_timeout_s": 0.5, "max_response_length": 2048} | overrides
@@ -130,7 +130,7 @@ async def test_three_turn_conversation_is_token_exact(tokenizer):
         assert full[: len(call.prompt_ids)] == call.prompt_ids
     # Model spans carry the engine's ids, logprobs and versions; tool spans are masked.
     eos = tokenizer.eos_token_id
-    model_spans = [tokenizer.encode(t, add_special_tokens=False) + [eos] for t in turns]
+    model_spans = [[*tokenizer.encode(t, add_special_tokens=False), eos] for t in turns]
     position = 0
     for i, span in enumerate(model_spans):
         assert out.response_ids[position : position + len(span)] == span
