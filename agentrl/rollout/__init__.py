@@ -1,0 +1,1 @@
+"""Rollout orchestration: episode requests, agent-loop workers and the manager."""

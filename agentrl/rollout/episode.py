@@ -1,0 +1,57 @@
+"""Episode requests and results exchanged between the manager and its workers."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.server.types import SamplingParams
+
+
+@dataclass
+class EpisodeRequest:
+    """One episode to run: sample ``sample_index`` of dataset row ``row_index``.
+
+    ``group_id`` is shared by the ``n`` episodes of one row (GRPO-style groups);
+    ``episode_id`` doubles as the session id that pins the episode to one replica.
+    """
+
+    row: dict[str, Any]
+    row_index: int
+    sample_index: int
+    group_id: str
+    sampling: SamplingParams
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class EpisodeResult:
+    """What one episode produced: its training samples, or the error that ended it."""
+
+    episode_id: str
+    group_id: str
+    row_index: int
+    sample_index: int
+    agent_name: str
+    outputs: list[AgentLoopOutput] = field(default_factory=list)
+    error: str | None = None
+    latency_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def make_requests(
+    rows: list[dict[str, Any]], n: int, sampling: SamplingParams, first_row_index: int = 0
+) -> list[EpisodeRequest]:
+    """``n`` episode requests per row, rows in order, samples of a row adjacent."""
+    requests = []
+    for offset, row in enumerate(rows):
+        group_id = uuid.uuid4().hex
+        requests.extend(
+            EpisodeRequest(row, first_row_index + offset, k, group_id, sampling) for k in range(n)
+        )
+    return requests

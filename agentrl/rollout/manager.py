@@ -1,0 +1,98 @@
+"""``AgentLoopManager``: runs a batch of episodes across Ray worker actors.
+
+Episodes are spread over ``rollout.num_workers`` ``AgentLoopWorker`` actors (each runs up
+to ``rollout.max_concurrent_loops`` loops on one event loop) and come back as they
+finish (``stream``) or all at once (``generate``). A failing episode is a result with an
+``error``; it never takes the batch down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+
+from agentrl.config import AgentRLConfig
+from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
+from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.server.types import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class AgentLoopManager:
+    """Owns the worker actors; hands them episodes round-robin."""
+
+    def __init__(self, config: AgentRLConfig) -> None:
+        self.config = config
+        rollout = config.rollout
+        actor_cls = ray.remote(AgentLoopWorker)
+        self._workers = [
+            actor_cls.options(
+                num_cpus=rollout.worker_num_cpus,
+                # Concurrency is bounded inside the worker; leave room for control calls.
+                max_concurrency=rollout.max_concurrent_loops + 16,
+            ).remote(config.model_dump())
+            for _ in range(rollout.num_workers)
+        ]
+        self._next_worker = 0
+
+    def default_sampling(self) -> SamplingParams:
+        """Sampling from the rollout config (max_tokens = the response budget)."""
+        rollout = self.config.rollout
+        return SamplingParams(
+            max_tokens=rollout.max_response_length,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+        )
+
+    def submit(self, request: EpisodeRequest) -> ray.ObjectRef:
+        """Start one episode on the next worker; returns its result ref."""
+        worker = self._workers[self._next_worker % len(self._workers)]
+        self._next_worker += 1
+        return worker.run_episode.remote(request)
+
+    async def stream(
+        self,
+        rows: list[dict[str, Any]],
+        n: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> AsyncIterator[EpisodeResult]:
+        """Run ``n`` episodes per row; yield each result as soon as it finishes."""
+        requests = make_requests(
+            rows, n or self.config.rollout.n, sampling or self.default_sampling()
+        )
+        pending = [asyncio.ensure_future(_await(self.submit(r))) for r in requests]
+        try:
+            for finished in asyncio.as_completed(pending):
+                yield await finished
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def generate(
+        self,
+        rows: list[dict[str, Any]],
+        n: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> list[EpisodeResult]:
+        """Run the whole batch; results ordered by (row, sample)."""
+        results = [r async for r in self.stream(rows, n, sampling)]
+        return sorted(results, key=lambda r: (r.row_index, r.sample_index))
+
+    async def event_loop_names(self) -> list[str]:
+        return await asyncio.gather(*(_await(w.event_loop_name.remote()) for w in self._workers))
+
+    def shutdown(self) -> None:
+        """Kill the worker actors."""
+        for worker in self._workers:
+            ray.kill(worker)
+        self._workers.clear()
+
+
+async def _await(ref: ray.ObjectRef) -> Any:
+    return await ref

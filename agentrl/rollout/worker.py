@@ -1,0 +1,120 @@
+"""``AgentLoopWorker``: runs many agent loops concurrently on one event loop.
+
+Used in-process (tests, benchmarks) or as a Ray actor by ``AgentLoopManager``; Ray runs
+async actors on uvloop when it is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
+from agentrl.agent_loops.chat import ChatRenderer
+from agentrl.agent_loops.registry import get_agent_loop
+from agentrl.config import AgentRLConfig
+from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
+from agentrl.tools import BaseTool
+from agentrl.tools.parsers import get_tool_parser
+
+logger = logging.getLogger(__name__)
+
+
+def _template_supports_tools(tokenizer: Any) -> bool:
+    return "tools" in (tokenizer.chat_template or "")
+
+
+class AgentLoopWorker:
+    """Holds the tokenizer, tools and server client shared by its episodes."""
+
+    def __init__(
+        self,
+        config: AgentRLConfig | dict[str, Any],
+        client: GenerateClient | None = None,
+        tools: dict[str, BaseTool] | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.config = AgentRLConfig.model_validate(config)
+        rollout = self.config.rollout
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.config.model.tokenizer)
+        self.client = client or self._connect()
+        self.tools = tools if tools is not None else self._load_tools()
+        schemas = [tool.tool_schema.to_dict() for tool in self.tools.values()]
+        in_system_prompt = rollout.tools_in_system_prompt
+        if in_system_prompt is None:
+            in_system_prompt = bool(schemas) and not _template_supports_tools(self.tokenizer)
+        system_prompt = None
+        if in_system_prompt and schemas:
+            from agentrl.tools import tools_system_prompt
+
+            system_prompt = tools_system_prompt(list(self.tools.values()))
+        self.renderer = ChatRenderer(self.tokenizer, schemas, system_prompt)
+        self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
+        self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)
+
+    def _connect(self) -> GenerateClient:
+        from agentrl.server.client import ServerClient
+        from agentrl.server.deployment import DEPLOYMENT_NAME
+
+        server = self.config.server
+        return ServerClient.connect(
+            server.name,
+            DEPLOYMENT_NAME,
+            max_retries=server.max_retries,
+            timeout_s=server.request_timeout_s,
+        )
+
+    def _load_tools(self) -> dict[str, BaseTool]:
+        path = self.config.rollout.tool_config_path
+        if not path:
+            return {}
+        from agentrl.tools import load_tools
+
+        return load_tools(path)
+
+    async def run_episode(self, request: EpisodeRequest) -> EpisodeResult:
+        """Run one episode; a loop that raises or times out becomes a failed result."""
+        agent_name = request.row.get("agent_name") or self.config.rollout.agent_name
+        result = EpisodeResult(
+            request.episode_id,
+            request.group_id,
+            request.row_index,
+            request.sample_index,
+            agent_name,
+        )
+        async with self._slots:
+            start = time.perf_counter()
+            try:
+                loop = get_agent_loop(agent_name)(self._context(request.episode_id))
+                outputs = await asyncio.wait_for(
+                    loop.run(request.row, request.sampling),
+                    timeout=self.config.rollout.loop_timeout_s,
+                )
+                result.outputs = outputs if isinstance(outputs, list) else [outputs]
+            except TimeoutError:
+                result.error = f"episode timed out after {self.config.rollout.loop_timeout_s:g} s"
+            except Exception as exc:
+                logger.exception("episode %s (%s) failed", request.episode_id, agent_name)
+                result.error = f"{type(exc).__name__}: {exc}"
+            result.latency_s = time.perf_counter() - start
+        return result
+
+    def _context(self, session_id: str) -> AgentLoopContext:
+        return AgentLoopContext(
+            client=self.client,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
+            tools=self.tools,
+            tool_parser=self._parser_factory(),
+            config=self.config.rollout,
+            session_id=session_id,
+        )
+
+    async def event_loop_name(self) -> str:
+        """The event loop implementation running this worker (uvloop under Ray)."""
+        return type(asyncio.get_running_loop()).__module__

@@ -1,0 +1,100 @@
+"""AgentLoopWorker in-process with a scripted engine: dispatch, failures, timeouts, groups."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.agent_loops.base import AgentLoopBase
+from agentrl.agent_loops.registry import register_agent_loop
+from agentrl.agent_loops.trajectory import TrajectoryBuilder
+from agentrl.config import load_config
+from agentrl.rollout.episode import make_requests
+from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.server.types import SamplingParams
+from agentrl.testing.scripted import ScriptedClient
+
+SAMPLING = SamplingParams(max_tokens=16)
+
+
+@register_agent_loop("test_crashing")
+class CrashingLoop(AgentLoopBase):
+    async def run(self, sample, sampling):
+        raise RuntimeError("loop bug")
+
+
+@register_agent_loop("test_hanging")
+class HangingLoop(AgentLoopBase):
+    async def run(self, sample, sampling):
+        await asyncio.sleep(60)
+
+
+@register_agent_loop("test_two_samples")
+class TwoSampleLoop(AgentLoopBase):
+    """An episode that emits two training samples (e.g. after context compaction)."""
+
+    async def run(self, sample, sampling):
+        outputs = []
+        for _ in range(2):
+            trajectory = TrajectoryBuilder(await self.apply_chat_template(sample["prompt"]))
+            trajectory.add_model_turn(await self.generate(trajectory.ids, sampling))
+            outputs.append(trajectory.build())
+        return outputs
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    cfg = load_config(None, [f"model.path={tiny_checkpoint}", "rollout.loop_timeout_s=0.5"])
+    client = ScriptedClient(lambda session, turn, prompt: [5, 6, tokenizer.eos_token_id])
+    return AgentLoopWorker(cfg, client=client, tools={}, tokenizer=tokenizer)
+
+
+def _rows(agent_name: str | None, count: int = 2):
+    row = {"prompt": [{"role": "user", "content": "hi"}]}
+    if agent_name:
+        row["agent_name"] = agent_name
+    return [dict(row) for _ in range(count)]
+
+
+async def test_default_loop_runs_every_sample_of_every_row(worker):
+    requests = make_requests(_rows(None, 3), n=4, sampling=SAMPLING)
+    results = await asyncio.gather(*(worker.run_episode(r) for r in requests))
+    assert len(results) == 12 and all(r.ok for r in results)
+    assert {r.agent_name for r in results} == {"single_turn"}
+    groups = {}
+    for r in results:
+        groups.setdefault(r.group_id, set()).add((r.row_index, r.sample_index))
+    assert sorted(groups.values(), key=min) == [{(i, k) for k in range(4)} for i in range(3)]
+    # Each episode is its own session.
+    sessions = {c.session_id for c in worker.client.calls[-12:]}
+    assert len(sessions) == 12
+
+
+async def test_crashing_loop_is_a_failed_result_not_a_crash(worker):
+    requests = make_requests(_rows("test_crashing") + _rows(None, 1), n=1, sampling=SAMPLING)
+    results = await asyncio.gather(*(worker.run_episode(r) for r in requests))
+    assert [r.ok for r in results] == [False, False, True]
+    assert results[0].error == "RuntimeError: loop bug"
+    assert results[0].outputs == []
+
+
+async def test_hanging_loop_times_out(worker):
+    (request,) = make_requests(_rows("test_hanging", 1), n=1, sampling=SAMPLING)
+    result = await worker.run_episode(request)
+    assert result.error == "episode timed out after 0.5 s"
+
+
+async def test_unknown_agent_name_is_a_failed_result(worker):
+    (request,) = make_requests(_rows("does_not_exist", 1), n=1, sampling=SAMPLING)
+    result = await worker.run_episode(request)
+    assert not result.ok and "unknown agent loop 'does_not_exist'" in result.error
+
+
+async def test_loop_may_return_several_samples_for_one_episode(worker):
+    (request,) = make_requests(_rows("test_two_samples", 1), n=1, sampling=SAMPLING)
+    result = await worker.run_episode(request)
+    assert result.ok and len(result.outputs) == 2
+    assert all(o.response_ids == [5, 6, worker.tokenizer.eos_token_id] for o in result.outputs)
