@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--response-tokens", type=int, default=32)
     parser.add_argument("--preamble-words", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -210,7 +211,7 @@ def main() -> None:
         ray.shutdown()
 
     Console().print(_table(results))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "prefix_affinity",
         "model": args.model,
@@ -223,8 +224,8 @@ def main() -> None:
         },
         "routers": {name: asdict(r) for name, r in results.items()},
     }
-    RESULTS.write_text(json.dumps(payload, indent=2))
-    Console().print(f"wrote {RESULTS}")
+    args.out.write_text(json.dumps(payload, indent=2))
+    Console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
