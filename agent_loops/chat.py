@@ -51,6 +51,7 @@ class ChatRenderer:
         self._tools = tools or None
         self._tools_system_prompt = tools_system_prompt
         self._eos_text = tokenizer.eos_token or ""
+        self._base_text: str | None = None
 
     def _with_tools_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self._tools_system_prompt:
@@ -71,10 +72,13 @@ class ChatRenderer:
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool):
+        """Token ids of the template's render of ``messages`` (synchronous)."""
+        return self.encode_text(self.render_text(messages, add_generation_prompt))
+
     async def encode_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the initial prompt, ending with the assistant header."""
-        text = await asyncio.to_thread(self.render_text, messages, True)
-        return await asyncio.to_thread(self.encode_text, text)
+        return await asyncio.to_thread(self.encode_messages, messages, True)
 
     def delta_text(self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool) -> str:
         """Text to append after the model's turn so the conversation continues with
@@ -83,7 +87,9 @@ class ChatRenderer:
         ``turn_ended_with_eos``: the model's tokens already end with the end-of-turn token
         (the usual case); otherwise the end-of-turn text is added here.
         """
-        base = self.render_text(_BASE, add_generation_prompt=False)
+        if self._base_text is None:
+            self._base_text = self.render_text(_BASE, add_generation_prompt=False)
+        base = self._base_text
         full = self.render_text(_BASE + new_messages, add_generation_prompt=True)
         if not full.startswith(base):
             raise ChatTemplateError(
@@ -100,8 +106,10 @@ class ChatRenderer:
         self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool
     ) -> list[int]:
         """Token ids of ``delta_text`` (only the new messages are tokenized)."""
-        text = await asyncio.to_thread(self.delta_text, new_messages, turn_ended_with_eos)
-        return await asyncio.to_thread(self.encode_text, text)
+        return await asyncio.to_thread(self._encode_delta, new_messages, turn_ended_with_eos)
+
+    def _encode_delta(self, new_messages: list[dict[str, Any]], ended: bool) -> list[int]:
+        return self.encode_text(self.delta_text(new_messages, ended))
 
     async def check_drift(
         self, messages: list[dict[str, Any]], accumulated_ids: list[int]
@@ -111,8 +119,7 @@ class ChatRenderer:
         The accumulated ids must be a prefix of the render (the render may add the final
         turn's trailing newline). A mismatch is logged with its first position.
         """
-        text = await asyncio.to_thread(self.render_text, messages, False)
-        rendered = await asyncio.to_thread(self.encode_text, text)
+        rendered = await asyncio.to_thread(self.encode_messages, messages, False)
         first = next(
             (i for i, (a, b) in enumerate(zip(accumulated_ids, rendered, strict=False)) if a != b),
             None,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.ids import new_id
 from agentrl.server.types import SamplingParams
 
 
@@ -23,7 +23,7 @@ class EpisodeRequest:
     sample_index: int
     group_id: str
     sampling: SamplingParams
-    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    episode_id: str = field(default_factory=lambda: new_id("ep-"))
 
 
 @dataclass
@@ -50,7 +50,7 @@ def make_requests(
     """``n`` episode requests per row, rows in order, samples of a row adjacent."""
     requests = []
     for offset, row in enumerate(rows):
-        group_id = uuid.uuid4().hex
+        group_id = new_id("grp-")
         requests.extend(
             EpisodeRequest(row, first_row_index + offset, k, group_id, sampling) for k in range(n)
         )

@@ -1,0 +1,211 @@
+"""Agent-loop framework overhead: ToolAgentLoop vs a bare asyncio loop, same run.
+
+A null engine answers instantly (turns 1-3: a Hermes tool call, turn 4: a final answer),
+so the measured time is the orchestration itself: chat-template deltas, parsing, tool
+dispatch, trajectory bookkeeping. Both sides do the same engine calls, the same tool
+calls and the same tokenizer work; the bare side writes it inline with no framework.
+
+    .venv/bin/python bench/agent_loop_overhead.py [--loops 1000 10000]
+
+Prints a table and writes ``bench/results/agent_loop_overhead.json`` with, per size,
+``turns_per_s`` (framework) and ``overhead_ratio`` = framework time / bare time − 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoTokenizer
+
+from agentrl.agent_loops.chat import ChatRenderer
+from agentrl.agent_loops.tool_calls import ToolCallExecutor
+from agentrl.config import load_config
+from agentrl.models import resolve_model_path
+from agentrl.rollout.episode import make_requests
+from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.tools import BaseTool, ToolResponse
+from agentrl.tools.parsers import get_tool_parser
+
+RESULTS = Path(__file__).parent / "results" / "agent_loop_overhead.json"
+TURNS = 4
+CALL = '<tool_call>\n{"name": "echo", "arguments": {"x": 1}}\n</tool_call>'
+ECHO = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    },
+}
+
+
+class EchoTool(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        return ToolResponse(text=str(parameters["x"])), 0.0, {}
+
+
+class NullClient:
+    """Answers instantly: a tool call on turns 1-3 and a final answer on turn 4."""
+
+    def __init__(self, tokenizer) -> None:
+        eos = tokenizer.eos_token_id
+        self._call = [*tokenizer.encode(CALL, add_special_tokens=False), eos]
+        self._answer = [*tokenizer.encode("The answer is 1.", add_special_tokens=False), eos]
+        self._turn: dict[str | None, int] = {}
+
+    async def generate(self, session_id, prompt_ids, sampling=None) -> TokenOutput:
+        turn = self._turn.get(session_id, 0)
+        self._turn[session_id] = turn + 1
+        ids = self._answer if turn == TURNS - 1 else self._call
+        return TokenOutput(ids, [-0.1] * len(ids), "stop", 0, 0, [0] * len(ids))
+
+
+@dataclass
+class Measurement:
+    loops: int
+    framework_s: float
+    bare_s: float
+
+    @property
+    def turns(self) -> int:
+        return self.loops * TURNS
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.framework_s
+
+    @property
+    def bare_turns_per_s(self) -> float:
+        return self.turns / self.bare_s
+
+    @property
+    def overhead_ratio(self) -> float:
+        return self.framework_s / self.bare_s - 1
+
+
+async def _framework(worker: AgentLoopWorker, loops: int) -> float:
+    rows = [{"prompt": [{"role": "user", "content": "Echo one."}]}] * loops
+    requests = make_requests(rows, n=1, sampling=SamplingParams(max_tokens=64))
+    start = time.perf_counter()
+    results = await asyncio.gather(*(worker.run_episode(r) for r in requests))
+    elapsed = time.perf_counter() - start
+    assert all(r.ok and r.outputs[0].num_turns == 2 * TURNS - 1 for r in results)
+    return elapsed
+
+
+async def _bare_episode(client, renderer: ChatRenderer, tools, parser, session: str) -> int:
+    """The same work as ToolAgentLoop, written inline: no builder, no metrics, no limits."""
+    tokenizer = renderer.tokenizer
+    ids = await renderer.encode_prompt([{"role": "user", "content": "Echo one."}])
+    executor = ToolCallExecutor(tools, 4, 30.0)
+    turns = 0
+    while True:
+        out = await client.generate(session, ids, SamplingParams(max_tokens=64))
+        ids = ids + out.token_ids
+        turns += 1
+        parsed = parser.parse(tokenizer.decode(out.token_ids[:-1]))
+        if not parsed.calls:
+            await executor.release()
+            return turns
+        results = await executor.run_turn(parsed)
+        messages = [{"role": "tool", "content": r.text} for r in results]
+        ids = ids + await renderer.encode_delta(messages, True)
+
+
+async def _bare(worker: AgentLoopWorker, loops: int) -> float:
+    client = NullClient(worker.tokenizer)
+    parser = get_tool_parser("hermes")
+    start = time.perf_counter()
+    turns = await asyncio.gather(
+        *(
+            _bare_episode(client, worker.renderer, worker.tools, parser, f"bare-{i}")
+            for i in range(loops)
+        )
+    )
+    elapsed = time.perf_counter() - start
+    assert turns == [TURNS] * loops
+    return elapsed
+
+
+def _measure(tokenizer, model_path: str, loops: int, repeats: int) -> Measurement:
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            "rollout.agent_name=tool_agent",
+            f"rollout.max_concurrent_loops={loops}",
+            "rollout.drift_check_rate=0.0",
+        ],
+    )
+    best_framework = best_bare = float("inf")
+    for _ in range(repeats):
+        # Alternate the two sides so machine noise hits both alike; keep the best of each.
+        worker = AgentLoopWorker(
+            cfg,
+            client=NullClient(tokenizer),
+            tools={"echo": EchoTool(tool_schema=ECHO)},
+            tokenizer=tokenizer,
+        )
+        gc.collect()
+        best_framework = min(best_framework, asyncio.run(_framework(worker, loops)))
+        gc.collect()
+        best_bare = min(best_bare, asyncio.run(_bare(worker, loops)))
+    return Measurement(loops, best_framework, best_bare)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="builtin:tiny-qwen2")
+    args = parser.parse_args()
+    model_path = resolve_model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    results = [_measure(tokenizer, model_path, n, args.repeats) for n in args.loops]
+
+    table = Table(
+        title=f"Agent-loop overhead ({TURNS} turns per loop, null engine, best of {args.repeats})"
+    )
+    for col in ("loops", "framework turns/s", "bare turns/s", "overhead"):
+        table.add_column(col, justify="right")
+    for m in results:
+        table.add_row(
+            str(m.loops),
+            f"{m.turns_per_s:.0f}",
+            f"{m.bare_turns_per_s:.0f}",
+            f"{m.overhead_ratio:+.1%}",
+        )
+    Console().print(table)
+    payload = {
+        "benchmark": "agent_loop_overhead",
+        "turns_per_loop": TURNS,
+        "repeats": args.repeats,
+        "sizes": {
+            str(m.loops): {
+                "turns_per_s": m.turns_per_s,
+                "bare_turns_per_s": m.bare_turns_per_s,
+                "overhead_ratio": m.overhead_ratio,
+                "framework_s": m.framework_s,
+                "bare_s": m.bare_s,
+            }
+            for m in results
+        },
+    }
+    largest = max(results, key=lambda m: m.loops)
+    payload["turns_per_s"] = largest.turns_per_s
+    payload["overhead_ratio"] = largest.overhead_ratio
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(payload, indent=2))
+    Console().print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
