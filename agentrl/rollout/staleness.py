@@ -1,0 +1,75 @@
+"""The staleness rule that bounds how far rollouts may run ahead of training.
+
+With maximum staleness η, batch size B (episodes per training step) and the trainer at
+policy version v, the producer may have started at most ``(η + v + 1)·B`` episodes in
+total, so it may start
+
+    capacity = (η + v + 1)·B − (accepted + running)
+
+more, and never more than the concurrency cap allows. ``accepted`` counts episodes that
+finished and were kept; ``running`` those in flight. η = 0 allows exactly one batch per
+version (the synchronous loop); η = 1 is one-step-off-policy; larger η is fully async.
+The rule bounds how many episodes are in the system per version; an episode that runs
+much longer than its peers can still fall more than η versions behind by the time it is
+trained, so the queue checks each episode's oldest token version when it is consumed and
+drops (or down-weights) stale ones, giving their slots back with ``discard_accepted``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StalenessController:
+    """Counts started/finished episodes and answers how many more may start now."""
+
+    max_staleness: int
+    batch_size: int
+    max_concurrency: int
+    version: int = 0
+    accepted: int = 0
+    running: int = 0
+    rejected: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.batch_size < 1 or self.max_concurrency < 1:
+            raise ValueError("batch_size and max_concurrency must be >= 1")
+
+    @property
+    def capacity(self) -> int:
+        """Episodes that may start now."""
+        budget = (self.max_staleness + self.version + 1) * self.batch_size
+        by_staleness = budget - (self.accepted + self.running)
+        return max(0, min(by_staleness, self.max_concurrency - self.running))
+
+    def start(self, count: int = 1) -> None:
+        """Record ``count`` started episodes; refuses to exceed the capacity."""
+        if count > self.capacity:
+            raise RuntimeError(f"starting {count} episodes exceeds capacity {self.capacity}")
+        self.running += count
+
+    def finish(self, kept: bool = True) -> None:
+        """An episode ended: ``kept`` ones count as accepted; rejected ones free their slot."""
+        if self.running <= 0:
+            raise RuntimeError("finish() without a running episode")
+        self.running -= 1
+        if kept:
+            self.accepted += 1
+        else:
+            self.rejected += 1
+
+    def discard_accepted(self) -> None:
+        """An accepted episode was dropped later (e.g. stale): its slot becomes free again."""
+        if self.accepted <= 0:
+            raise RuntimeError("discard_accepted() without an accepted episode")
+        self.accepted -= 1
+        self.rejected += 1
+
+    def set_version(self, version: int) -> None:
+        """The trainer moved to ``version`` (monotonic)."""
+        if version < self.version:
+            raise ValueError(f"version went back from {self.version} to {version}")
+        self.version = version
