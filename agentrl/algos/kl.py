@@ -24,19 +24,19 @@ def kl_estimate(log_prob: Tensor, ref_log_prob: Tensor, kind: KLEstimator) -> Te
     - ``k2`` (``mse``): ``d² / 2``;
     - ``k3`` (``low_var_kl``): ``e^{-d} + d - 1 ≥ 0``, unbiased and low variance
       (Schulman, "Approximating KL divergence"). ``d`` is clamped to ±20 before the
-      exponential and the estimate to [-10, 10], so extreme ratios cannot overflow.
+      exponential and the estimate capped at 10, so extreme ratios cannot overflow.
     """
-    kind = _ALIASES.get(kind, kind)  # type: ignore[assignment]
+    name = _ALIASES.get(kind, kind)
     diff = log_prob - ref_log_prob
-    if kind == "k1":
+    if name == "k1":
         return diff
-    if kind == "abs":
+    if name == "abs":
         return diff.abs()
-    if kind == "k2":
+    if name == "k2":
         return 0.5 * diff.square()
-    if kind == "k3":
+    if name == "k3":
         neg = (-diff).clamp(-_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND)
-        return (neg.exp() - neg - 1).clamp(-_K3_BOUND, _K3_BOUND)
+        return (neg.exp() - neg - 1).clamp(max=_K3_BOUND)
     raise ValueError(f"unknown KL estimator {kind!r}; choose one of k1, abs, k2, k3")
 
 
@@ -96,7 +96,7 @@ def apply_kl_penalty(
     row_kl = masked_mean(kld, response_mask, dim=-1)
     current_kl = masked_mean(row_kl, masked_count(response_mask, dim=-1) > 0)
     controller.update(float(current_kl), n_steps=token_level_scores.shape[0])
-    metrics = {"kl_penalty": current_kl, "kl_coef": torch.tensor(beta)}
+    metrics = {"kl_penalty": current_kl, "kl_coef": kld.new_tensor(beta)}
     return rewards, metrics
 
 

@@ -103,7 +103,8 @@ def compute_rollout_is_weights(
         log_w = masked_mean(log_ratio, valid, dim=-1).unsqueeze(-1).expand_as(log_ratio)
     raw = log_w.clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND).exp()
 
-    log_upper, log_lower = math.log(upper), math.log(lower) if lower > 0 else -math.inf
+    log_upper = math.log(upper)
+    log_lower = math.log(lower) if lower > 0 else -math.inf
     in_bounds = (log_w >= log_lower) & (log_w <= log_upper)
     bounded = raw.clamp(max=upper) if mode == "truncate" else torch.where(in_bounds, raw, zero)
     if veto_threshold is None:
