@@ -153,9 +153,20 @@ class ServerClient:
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
-        """Put the weights in the object store once; every replica loads them as ``version``."""
-        ref = ray.put([(name, t.detach().cpu()) for name, t in named_tensors])
-        await self._broadcast("update_weights", [ref], version)
+        """Load new weights on every replica as ``version``, then drop stale KV cache.
+
+        The tensors go into the object store once; each replica fetches them.
+        """
+        await self.load_weights(ray.put([(n, t.detach().cpu()) for n, t in named_tensors]), version)
+        await self.reset_prefix_cache()
+
+    async def load_weights(self, weights: ray.ObjectRef, version: int) -> None:
+        """Every replica loads the ``(name, tensor)`` list stored at ``weights`` as ``version``.
+
+        Unlike ``update_weights`` the prefix cache is kept: weight-sync strategies send
+        several buckets, then reset the cache once.
+        """
+        await self._broadcast("update_weights", [weights], version)
 
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache")

@@ -82,7 +82,6 @@ class RolloutServer:
         """Load ``(name, tensor)`` pairs stored once in the object store (``weights[0]``)."""
         named_tensors = await weights[0]
         await self._engine.update_weights(named_tensors, version)
-        await self._engine.reset_prefix_cache()
         return self._replica_id
 
     async def reset_prefix_cache(self) -> str:

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.config import load_config
 from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import PauseMode, RolloutError, SamplingParams
+from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -154,6 +155,22 @@ async def test_bad_weight_update_is_rejected_everywhere(client, hf_state):
     with pytest.raises(RolloutError, match="shape"):
         await client.update_weights([(name, torch.zeros(2, 2))], version=99)
     assert all(s["weight_version"] == 2 for s in await client.stats())
+
+
+async def test_object_store_sync_pushes_buckets_while_requests_are_in_flight(
+    client, tokenizer, hf_state
+):
+    sync = ObjectStoreSync(client, bucket_bytes=64 * 1024)
+    long = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
+    task = asyncio.create_task(client.generate("s-sync", _prompt(tokenizer, "Go"), long))
+    await asyncio.sleep(0.3)
+    timings = await sync.push(hf_state.items(), version=3)
+    out = await asyncio.wait_for(task, timeout=120)
+    assert timings.num_buckets > 1
+    assert timings.num_tensors == len(hf_state)
+    assert 0 < timings.pause_s <= timings.total_s
+    assert all(s["weight_version"] == 3 for s in await client.stats())
+    assert out.token_versions[0] == 2 and out.token_versions[-1] == 3
 
 
 async def test_killed_replica_in_flight_and_later_requests_complete(client, tokenizer):

@@ -1,0 +1,123 @@
+"""Weight sync strategies: push a trainer's new weights to every rollout replica.
+
+A push is ``pause → load the new weights as version v → reset prefix cache → resume``.
+With ``pause_mode="keep"`` in-flight requests are held, not lost, and continue under the
+new weights (their tokens carry the new version); with ``"abort"`` they end early with
+their partial tokens and the agent loops resubmit them (partial rollout).
+
+- ``ObjectStoreSync`` puts each size-bounded bucket into the Ray object store once, before
+  pausing, so the pause window only covers the replicas' loads. Works on CPU and GPU.
+- ``NCCLBroadcastSync`` (GPU clusters) is documented in README as not yet available.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from agentrl.server.client import ServerClient
+from agentrl.server.types import PauseMode
+
+logger = logging.getLogger(__name__)
+
+NamedTensor = tuple[str, torch.Tensor]
+
+
+@dataclass
+class SyncTimings:
+    """Where a push spent its time (seconds) and what it moved."""
+
+    prepare_s: float
+    pause_s: float
+    total_s: float
+    num_tensors: int
+    num_bytes: int
+    num_buckets: int
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "timing/weight_sync": self.total_s,
+            "timing/pause": self.pause_s,
+            "weight_sync/bytes": float(self.num_bytes),
+            "weight_sync/buckets": float(self.num_buckets),
+        }
+
+
+def bucketize(
+    named_tensors: Iterable[NamedTensor], bucket_bytes: int
+) -> Iterator[list[NamedTensor]]:
+    """Group tensors into lists of at most ``bucket_bytes`` (a larger tensor goes alone)."""
+    bucket: list[NamedTensor] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor.detach().cpu()))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class WeightSync(ABC):
+    """Pushes weights to the rollout servers; one instance per trainer."""
+
+    @abstractmethod
+    async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
+        """Make every replica serve ``named_tensors`` as policy ``version``."""
+
+
+class ObjectStoreSync(WeightSync):
+    """Buckets through the Ray object store, fetched by each replica."""
+
+    def __init__(
+        self,
+        client: ServerClient,
+        bucket_bytes: int = 512 * 1024**2,
+        pause_mode: PauseMode | str = PauseMode.KEEP,
+    ) -> None:
+        self._client = client
+        self._bucket_bytes = bucket_bytes
+        self._pause_mode = PauseMode(pause_mode)
+
+    async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
+        start = time.perf_counter()
+        refs, num_tensors, num_bytes = [], 0, 0
+        for bucket in bucketize(named_tensors, self._bucket_bytes):
+            refs.append(ray.put(bucket))
+            num_tensors += len(bucket)
+            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        prepared = time.perf_counter()
+        await self._client.pause(self._pause_mode)
+        try:
+            for ref in refs:
+                await self._client.load_weights(ref, version)
+            await self._client.reset_prefix_cache()
+        finally:
+            await self._client.resume()
+        end = time.perf_counter()
+        timings = SyncTimings(
+            prepare_s=prepared - start,
+            pause_s=end - prepared,
+            total_s=end - start,
+            num_tensors=num_tensors,
+            num_bytes=num_bytes,
+            num_buckets=len(refs),
+        )
+        logger.info(
+            "pushed %d tensors (%.1f MB, %d buckets) as version %d: pause %.0f ms, total %.0f ms",
+            num_tensors,
+            num_bytes / 1e6,
+            len(refs),
+            version,
+            timings.pause_s * 1e3,
+            timings.total_s * 1e3,
+        )
+        return timings
