@@ -1,0 +1,73 @@
+"""``GatewayConfig``: the OpenAI-compatible HTTP gateway's section of the config tree."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GatewayConfig(BaseModel):
+    """Settings of the gateway (``gateway.*``).
+
+    The gateway is served by Ray Serve's HTTP proxy, so it listens on
+    ``server.http_host:server.http_port`` (127.0.0.1 by default) under ``route_prefix``.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(
+        False, description="Start the gateway with `agentrl serve` (in front of the rollout app)."
+    )
+    app_name: str = Field("gateway", description="Ray Serve application name of the gateway.")
+    route_prefix: str = Field(
+        "/", pattern=r"^/", description="HTTP path the gateway is mounted at (e.g. `/` or `/rl`)."
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Model name clients send and `/v1/models` lists; None = `model.path`. "
+        "`model.path` is accepted as well.",
+    )
+    api_key: str | None = Field(
+        None,
+        description="If set, every request needs `Authorization: Bearer <api_key>` (401 "
+        "otherwise). None = no authentication: keep the gateway on 127.0.0.1 then.",
+    )
+    max_body_bytes: int = Field(
+        4 * 1024**2, ge=1024, description="Largest request body accepted (413 beyond)."
+    )
+    default_max_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Completion length when a request gives no max_tokens (always capped by "
+        "the context window left after the prompt).",
+    )
+    max_n: int = Field(8, ge=1, description="Largest `n` (choices per request) accepted.")
+    tool_parser: str = Field(
+        "hermes", description="Tool-call parser (registered name) for `tool_calls` in replies."
+    )
+    session_ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description="An unfinished session idle this long is finished (and sent to the sink); "
+        "a finished session is forgotten this long after it finished.",
+    )
+    max_sessions: int = Field(
+        10_000,
+        ge=1,
+        description="Sessions kept in memory. At the bound the oldest finished session is "
+        "dropped; unfinished sessions are never dropped (new sessions get 429 instead).",
+    )
+    sink: str = Field(
+        "memory",
+        description="Where finished sessions go: `memory` (kept in the gateway, bounded by "
+        "`sink_capacity`) or an import path `pkg.module:factory` returning a TrajectorySink.",
+    )
+    sink_capacity: int = Field(
+        10_000, ge=1, description="Finished sessions the in-memory sink keeps (oldest dropped)."
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="Time limit of one generation; the request gets 504 beyond."
+    )
+    max_ongoing_requests: int = Field(
+        1024, ge=1, description="Ray Serve max in-flight HTTP requests of the gateway replica."
+    )
+    num_cpus: float = Field(0.0, ge=0, description="Ray CPUs reserved for the gateway replica.")

@@ -1,0 +1,111 @@
+"""The gateway as a Ray Serve ingress deployment in front of the rollout servers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve import Application
+from transformers import AutoTokenizer
+
+from agentrl.config import ModelConfig, ServerConfig
+from agentrl.server.client import ServerClient
+from agentrl.server.deployment import DEPLOYMENT_NAME
+from agentrl.server.gateway.app import build_app
+from agentrl.server.gateway.config import GatewayConfig
+from agentrl.server.gateway.service import GatewayService
+from agentrl.server.gateway.sink import InMemorySink, load_sink
+
+logger = logging.getLogger(__name__)
+
+GATEWAY_DEPLOYMENT_NAME = "Gateway"
+
+
+@serve.ingress()
+class Gateway:
+    """One replica holds the sessions in memory, a tokenizer, and a ``ServerClient`` of
+    the rollout deployment (whose affinity router then lives in this process)."""
+
+    def __init__(
+        self, gateway: dict[str, Any], model: dict[str, Any], server: dict[str, Any]
+    ) -> None:
+        gateway_cfg = GatewayConfig(**gateway)
+        model_cfg = ModelConfig(**model)
+        server_cfg = ServerConfig(**server)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_cfg.tokenizer, trust_remote_code=model_cfg.trust_remote_code
+        )
+        client = ServerClient.connect(
+            server_cfg.name,
+            DEPLOYMENT_NAME,
+            max_retries=server_cfg.max_retries,
+            timeout_s=gateway_cfg.request_timeout_s,
+        )
+        self.service = GatewayService(
+            client,
+            tokenizer,
+            gateway_cfg,
+            model_name=gateway_cfg.served_model_name or model_cfg.path,
+            max_model_len=server_cfg.engine.max_model_len,
+            sink=load_sink(gateway_cfg.sink, gateway_cfg.sink_capacity),
+            model_aliases=(model_cfg.path,),
+        )
+        logger.info("gateway ready for %s (rollout app %r)", model_cfg.path, server_cfg.name)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_app(self.service)
+
+    async def drain_sink(self) -> list[tuple[str, list[dict[str, Any]], float | None]]:
+        """Finished sessions held by the in-memory sink (emptied); [] for other sinks."""
+        sink = self.service.sink
+        return sink.drain() if isinstance(sink, InMemorySink) else []
+
+
+def build_gateway_app(
+    gateway: GatewayConfig, model: ModelConfig, server: ServerConfig
+) -> Application:
+    """The Serve application of the gateway (one replica; sessions live in it)."""
+    deployment = serve.deployment(Gateway).options(
+        name=GATEWAY_DEPLOYMENT_NAME,
+        num_replicas=1,
+        max_ongoing_requests=gateway.max_ongoing_requests,
+        ray_actor_options={"num_cpus": gateway.num_cpus},
+        graceful_shutdown_timeout_s=5,
+    )
+    return deployment.bind(gateway.model_dump(), model.model_dump(), server.model_dump())
+
+
+def gateway_url(gateway: GatewayConfig, server: ServerConfig) -> str:
+    """The OpenAI ``base_url`` of the gateway (``.../v1``)."""
+    prefix = gateway.route_prefix.rstrip("/")
+    return f"http://{server.http_host}:{server.http_port}{prefix}/v1"
+
+
+def start_gateway(gateway: GatewayConfig, model: ModelConfig, server: ServerConfig) -> str:
+    """Deploy the gateway in front of running rollout servers; returns its base URL.
+
+    Call after ``start_rollout_servers`` (which starts Serve's HTTP proxy on
+    ``server.http_host:server.http_port``).
+    """
+    if not gateway.api_key and server.http_host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(
+            "gateway on %s without gateway.api_key: anyone who can reach it can generate",
+            server.http_host,
+        )
+    serve.run(
+        build_gateway_app(gateway, model, server),
+        name=gateway.app_name,
+        route_prefix=gateway.route_prefix,
+    )
+    url = gateway_url(gateway, server)
+    logger.info(
+        "OpenAI-compatible gateway at %s (model %r)", url, gateway.served_model_name or model.path
+    )
+    return url
+
+
+def stop_gateway(gateway: GatewayConfig) -> None:
+    """Delete the gateway application."""
+    serve.delete(gateway.app_name)

@@ -1,0 +1,322 @@
+"""Session recording: every call's exact ids, linked into token-exact training samples.
+
+A session is one episode of an external agent. Each generated choice becomes a
+``CallRecord`` (prompt ids, completion ids, logprobs, policy versions). A new call whose
+prompt ids start with an earlier record's prompt + completion *continues* it: the ids in
+between are the environment's (tool results, user turns; mask 0). Records that continue
+one another form one sample:
+
+    prompt_ids   = first call's prompt
+    response_ids = completion₁ + delta₂ + completion₂ + delta₃ + ...   (mask 1, 0, 1, 0, ...)
+
+A call that continues no record starts a new sample (a *divergence*: the client rewrote
+history, or the template renders it differently); a call that continues a record some
+other call already continued starts a new sample too (a *branch*: retries, ``n > 1``).
+Both are counted in the session's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.server.gateway.errors import GatewayError
+from agentrl.server.gateway.sink import TrajectorySink
+from agentrl.server.types import TokenOutput
+
+logger = logging.getLogger(__name__)
+
+ENV_TOKEN_VERSION = -1
+"""``response_versions`` of tokens the model did not generate (same value as the loops')."""
+
+
+@dataclass
+class CallRecord:
+    """One generated choice of one call, with what a later call must repeat to continue it.
+
+    ``key`` is the conversation this choice completes, in the endpoint's terms (chat: the
+    tools and canonical messages including the reply; text: prompt + completion text);
+    None for token-level calls, which are linked by ids alone.
+    """
+
+    call_id: str
+    choice: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    replica_id: str
+    key: Any = None
+    index: int = -1
+    sample: int = -1
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def last_token(self) -> int | None:
+        return self.completion_ids[-1] if self.completion_ids else None
+
+
+@dataclass
+class Completion:
+    """What the endpoint hands the recorder for one choice."""
+
+    output: TokenOutput
+    completion_ids: list[int]
+    finish_reason: str
+    key: Any = None
+
+
+@dataclass
+class Session:
+    """The recorded calls of one session and their grouping into samples."""
+
+    session_id: str
+    created: float
+    last_active: float
+    records: list[CallRecord] = field(default_factory=list)
+    samples: list[list[int]] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+    reward: float | None = None
+    call_rewards: dict[str, float] = field(default_factory=dict)
+    finished_at: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    def _is_tip(self, record: CallRecord) -> bool:
+        return self.samples[record.sample][-1] == record.index
+
+    def find_by_key(self, match: Callable[[Any], int | None]) -> CallRecord | None:
+        """The record whose key ``match`` scores highest (None scores are skipped);
+        ties prefer a record nothing has continued yet, then the latest."""
+        best: tuple[int, bool, int] | None = None
+        for record in self.records:
+            score = match(record.key) if record.key is not None else None
+            if score is None:
+                continue
+            rank = (score, self._is_tip(record), record.index)
+            if best is None or rank > best:
+                best = rank
+        return None if best is None else self.records[best[2]]
+
+    def _parent(self, prompt_ids: list[int]) -> CallRecord | None:
+        """The record with the longest prompt + completion that ``prompt_ids`` starts with."""
+        best: CallRecord | None = None
+        for record in self.records:
+            n = len(record.prompt_ids) + len(record.completion_ids)
+            if n > len(prompt_ids) or (best is not None and n < len(best.full_ids)):
+                continue
+            if prompt_ids[:n] != record.full_ids:
+                continue
+            if best is None or n > len(best.full_ids) or self._is_tip(record):
+                best = record
+        return best
+
+    def add_call(
+        self, call_id: str, prompt_ids: list[int], completions: list[Completion], now: float
+    ) -> None:
+        """Record the choices of one call and link each into a sample."""
+        parent = self._parent(prompt_ids)
+        for choice, completion in enumerate(completions):
+            out = completion.output
+            n = len(completion.completion_ids)
+            record = CallRecord(
+                call_id=call_id,
+                choice=choice,
+                prompt_ids=list(prompt_ids),
+                completion_ids=list(completion.completion_ids),
+                logprobs=list(out.logprobs[:n]),
+                versions=list(out.token_versions[:n]),
+                finish_reason=completion.finish_reason,
+                replica_id=out.replica_id,
+                key=completion.key,
+                index=len(self.records),
+            )
+            self.records.append(record)
+            if parent is not None and choice == 0 and self._is_tip(parent):
+                record.sample = parent.sample
+                self.samples[parent.sample].append(record.index)
+                self.counters["continued_calls"] += 1
+            else:
+                record.sample = len(self.samples)
+                self.samples.append([record.index])
+                if parent is not None or choice > 0:
+                    self.counters["branches"] += 1
+                elif len(self.records) > 1:
+                    self.counters["divergences"] += 1
+                    logger.info(
+                        "session %s: call %s continues no recorded call; new sample",
+                        self.session_id,
+                        call_id,
+                    )
+        self.counters["calls"] += 1
+        self.last_active = now
+
+    def sample_reward(self, call_ids: list[str]) -> float | None:
+        """The session reward if set, else the sum of the sample's per-call rewards."""
+        if self.reward is not None:
+            return self.reward
+        given = [self.call_rewards[c] for c in dict.fromkeys(call_ids) if c in self.call_rewards]
+        return sum(given) if given else None
+
+    def build_sample(self, chain: list[int]) -> dict[str, Any]:
+        """One ``AgentLoopOutput``-shaped dict for a chain of record indices."""
+        records = [self.records[i] for i in chain]
+        first = records[0]
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        num_turns = 0
+        position = len(first.prompt_ids)
+        for record in records:
+            delta = record.prompt_ids[position:]
+            if delta:
+                ids += delta
+                mask += [0] * len(delta)
+                logprobs += [0.0] * len(delta)
+                versions += [ENV_TOKEN_VERSION] * len(delta)
+                num_turns += 1
+            ids += record.completion_ids
+            mask += [1] * len(record.completion_ids)
+            logprobs += record.logprobs
+            versions += record.versions
+            num_turns += 1
+            position = len(record.prompt_ids) + len(record.completion_ids)
+        call_ids = [r.call_id for r in records]
+        return {
+            "prompt_ids": list(first.prompt_ids),
+            "response_ids": ids,
+            "response_mask": mask,
+            "response_logprobs": logprobs,
+            "response_versions": versions,
+            "num_turns": num_turns,
+            "reward": self.sample_reward(call_ids),
+            "metrics": {"gateway/sample_calls": len(records)},
+            "extra": {
+                "session_id": self.session_id,
+                "call_ids": call_ids,
+                "finish_reasons": [r.finish_reason for r in records],
+                "replica_ids": [r.replica_id for r in records],
+                "turn_rewards": [self.call_rewards.get(c) for c in call_ids],
+            },
+        }
+
+    def metrics(self) -> dict[str, float]:
+        names = ("calls", "continued_calls", "divergences", "branches", "reused_prompt_tokens")
+        return {f"gateway/{name}": float(self.counters[name]) for name in names} | {
+            "gateway/samples": float(len(self.samples))
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The recorded trajectory: session state, metrics and one dict per sample."""
+        return {
+            "session_id": self.session_id,
+            "finished": self.finished,
+            "finish_reason": self.finish_reason,
+            "reward": self.reward,
+            "call_rewards": dict(self.call_rewards),
+            "metrics": self.metrics(),
+            "samples": [self.build_sample(chain) for chain in self.samples],
+        }
+
+
+class SessionStore:
+    """Sessions by id, bounded in number and time.
+
+    At ``max_sessions`` the finished session that finished first is dropped; unfinished
+    sessions are never dropped, so a new session is refused (429) when all are open.
+    An unfinished session idle for ``ttl_s`` is finished (reason ``expired``) and sent
+    to the sink; a finished session is forgotten ``ttl_s`` after it finished.
+    """
+
+    def __init__(
+        self,
+        sink: TrajectorySink,
+        max_sessions: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sink = sink
+        self._max_sessions = max_sessions
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._next_sweep = 0.0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session:
+        """The session, or a 404 error."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise GatewayError(404, f"session {session_id!r} not found", code="session_not_found")
+        return session
+
+    async def open(self, session_id: str) -> Session:
+        """The session to record a call in (created if new); 409 if it is finished."""
+        await self.sweep()
+        now = self._clock()
+        session = self._sessions.get(session_id)
+        if session is None:
+            self._make_room()
+            session = Session(session_id, created=now, last_active=now)
+            self._sessions[session_id] = session
+        elif session.finished:
+            raise GatewayError(
+                409,
+                f"session {session_id!r} is finished; start a new session id",
+                code="session_finished",
+            )
+        session.last_active = now
+        return session
+
+    def _make_room(self) -> None:
+        if len(self._sessions) < self._max_sessions:
+            return
+        finished = [s for s in self._sessions.values() if s.finished]
+        if not finished:
+            raise GatewayError(
+                429,
+                f"all {self._max_sessions} stored sessions are unfinished; finish sessions "
+                "(POST /v1/sessions/{id}/finish) or raise gateway.max_sessions",
+                code="too_many_sessions",
+            )
+        oldest = min(finished, key=lambda s: s.finished_at or 0.0)
+        del self._sessions[oldest.session_id]
+        logger.debug("dropped finished session %s to make room", oldest.session_id)
+
+    async def finish(self, session_id: str, reason: str = "finished") -> Session:
+        """Finish the session (idempotent) and send its samples to the sink once."""
+        session = self.get(session_id)
+        if session.finished:
+            return session
+        session.finished_at = self._clock()
+        session.finish_reason = reason
+        samples = [session.build_sample(chain) for chain in session.samples]
+        await self._sink.put(session_id, samples, session.reward)
+        logger.debug("session %s %s with %d sample(s)", session_id, reason, len(samples))
+        return session
+
+    async def sweep(self) -> None:
+        """Expire idle sessions and forget old finished ones (at most once a second)."""
+        now = self._clock()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        for session in list(self._sessions.values()):
+            if session.finished and now - (session.finished_at or now) > self._ttl_s:
+                del self._sessions[session.session_id]
+            elif not session.finished and now - session.last_active > self._ttl_s:
+                await self.finish(session.session_id, reason="expired")
