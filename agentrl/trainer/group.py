@@ -1,0 +1,205 @@
+"""Ray actor groups: ``world_size`` FSDP ranks of one role, driven from the controller.
+
+``WorkerGroup.call`` runs a method on every rank at once and returns the per-rank
+results; the role groups below shard batches across ranks (balanced by tokens, see
+:mod:`agentrl.trainer.dispatch`) and put the results back in batch order.
+
+    actor = ActorGroup(cfg.actor, model_path, total_training_steps=100)
+    old = actor.compute_log_prob(batch)["log_probs"]
+    metrics = actor.update_actor(batch | {"old_log_probs": old, ...}, loss_fn)
+    for bucket in actor.iter_weight_buckets():
+        ...  # (name, tensor) pairs with HF names, e.g. for ServerClient.update_weights
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+from torch import Tensor
+
+from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
+from agentrl.trainer.dispatch import (
+    Batch,
+    gather_rows,
+    num_rows,
+    shard_mini_batches,
+    shard_rows,
+    validate_batch,
+)
+from agentrl.trainer.fsdp_worker import ActorWorker, CriticWorker, ReferenceWorker
+from agentrl.trainer.micro_batch import PolicyLossFn, ValueLossFn
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerGroupError(RuntimeError):
+    """A rank failed; the group's process group is broken and its actors were killed."""
+
+
+class WorkerGroup:
+    """``config.world_size`` Ray actors of ``worker_cls`` forming one process group.
+
+    Subclasses set ``worker_cls``; ``total_training_steps`` feeds the LR schedule.
+    """
+
+    worker_cls: type = ReferenceWorker
+
+    def __init__(
+        self,
+        config: ActorConfig | ReferenceConfig | CriticConfig,
+        model_path: str,
+        *,
+        total_training_steps: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.config = config
+        self.world_size = config.world_size
+        self.name = self.worker_cls.__name__
+        num_gpus = config.num_gpus_per_worker
+        if num_gpus is None:
+            num_gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        remote_cls = ray.remote(num_cpus=config.num_cpus_per_worker, num_gpus=num_gpus)(
+            self.worker_cls
+        )
+        self.actors = [
+            remote_cls.remote(
+                config,
+                model_path,
+                rank=rank,
+                world_size=self.world_size,
+                trust_remote_code=trust_remote_code,
+                total_training_steps=total_training_steps,
+            )
+            for rank in range(self.world_size)
+        ]
+        addr, port = self._wait([self.actors[0].master_address.remote()])[0]
+        self.call("setup", addr, port)
+        logger.info("%s: %d ranks ready (rendezvous %s:%d)", self.name, self.world_size, addr, port)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method(*args, **kwargs)`` on every rank; the per-rank results."""
+        return self._wait([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def call_sharded(self, method: str, shards: list[Any], **kwargs: Any) -> list[Any]:
+        """Run ``method(shards[rank], **kwargs)`` on every rank; the per-rank results."""
+        if len(shards) != self.world_size:
+            raise ValueError(f"{len(shards)} shards for {self.world_size} ranks")
+        refs = [
+            getattr(a, method).remote(s, **kwargs) for a, s in zip(self.actors, shards, strict=True)
+        ]
+        return self._wait(refs)
+
+    def _wait(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """Results in rank order; on the first failure, kill the group (others would hang)."""
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception as exc:
+                self.shutdown()
+                raise WorkerGroupError(f"{self.name}: a rank failed, group stopped: {exc}") from exc
+        return ray.get(refs)
+
+    def infer(self, method: str, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:
+        """A per-row forward method over the whole batch, results in batch order."""
+        validate_batch(batch)
+        shards, rows = shard_rows(batch, self.world_size)
+        results = self.call_sharded(method, shards, **kwargs)
+        return {
+            key: gather_rows([r[key] for r in results], rows, num_rows(batch)) for key in results[0]
+        }
+
+    def train(self, method: str, batch: Batch, loss_fn: Any, **kwargs: Any) -> dict[str, float]:
+        """An update method over the whole batch: mini-batches split here, then sharded."""
+        validate_batch(batch)
+        shards, _ = shard_mini_batches(batch, self.world_size, self.config.mini_batch_size)
+        return self.call_sharded(method, shards, loss_fn=loss_fn, **kwargs)[0]
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """Save every rank's shards, the schedule, step, RNG and ``extra`` under ``path``."""
+        self.call("save_checkpoint", path, extra)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Resume from ``path``; returns the saved ``extra`` dict."""
+        return self.call("load_checkpoint", path)[0]
+
+    def shutdown(self) -> None:
+        """Kill the actors (their process group dies with them)."""
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+class ReferenceGroup(WorkerGroup):
+    """The frozen reference policy."""
+
+    worker_cls = ReferenceWorker
+
+    def compute_log_prob(
+        self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> dict[str, Tensor]:
+        """``{"log_probs": [B, R]}`` (+ ``"entropy"``) of the response tokens."""
+        return self.infer(
+            "compute_log_prob", batch, temperature=temperature, with_entropy=with_entropy
+        )
+
+
+class ActorGroup(ReferenceGroup):
+    """The policy being trained."""
+
+    worker_cls = ActorWorker
+    config: ActorConfig
+
+    def update_actor(
+        self,
+        batch: Batch,
+        loss_fn: PolicyLossFn,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One training step (see ``ActorWorker.update_actor`` for the metrics)."""
+        return self.train(
+            "update_actor", batch, loss_fn, temperature=temperature, with_entropy=with_entropy
+        )
+
+    def export_hf(self, path: str) -> None:
+        """Write the policy and tokenizer to ``path`` in Hugging Face format."""
+        self.call("export_hf", path)
+
+    def iter_weight_buckets(
+        self, bucket_mb: float | None = None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """The full weights as buckets of ``(HF name, CPU tensor)``, gathered on rank 0."""
+        streams = [
+            a.weight_buckets.options(num_returns="streaming").remote(bucket_mb) for a in self.actors
+        ]
+        for ref in streams[0]:
+            yield ray.get(ref)
+        for stream in streams[1:]:
+            for ref in stream:
+                ray.get(ref)
+
+    def named_weights(self, bucket_mb: float | None = None) -> Iterator[tuple[str, Tensor]]:
+        """The full weights as one stream of ``(HF name, CPU tensor)`` pairs."""
+        for bucket in self.iter_weight_buckets(bucket_mb):
+            yield from bucket
+
+
+class CriticGroup(WorkerGroup):
+    """The value model."""
+
+    worker_cls = CriticWorker
+    config: CriticConfig
+
+    def compute_values(self, batch: Batch) -> dict[str, Tensor]:
+        """``{"values": [B, R]}`` before each response token."""
+        return self.infer("compute_values", batch)
+
+    def update_critic(self, batch: Batch, loss_fn: ValueLossFn) -> dict[str, float]:
+        """One training step of the critic (metrics under ``critic/``)."""
+        return self.train("update_critic", batch, loss_fn)
