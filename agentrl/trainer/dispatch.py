@@ -52,6 +52,8 @@ def validate_batch(batch: Batch) -> None:
             f"{tuple(ids.shape)}"
         )
     for key, value in batch.items():
+        if not isinstance(value, Tensor):
+            raise ValueError(f"batch[{key!r}] is a {type(value).__name__}, not a tensor")
         if value.shape[:1] != ids.shape[:1]:
             raise ValueError(f"batch[{key!r}] has {value.shape[0]} rows, input_ids {ids.shape[0]}")
     if bool((resp.bool() & ~attn[:, -resp.shape[1] :].bool()).any()):

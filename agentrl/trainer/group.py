@@ -142,7 +142,11 @@ class ReferenceGroup(WorkerGroup):
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
     ) -> dict[str, Tensor]:
-        """``{"log_probs": [B, R]}`` (+ ``"entropy"``) of the response tokens."""
+        """``{"log_probs": [B, R]}`` (+ ``"entropy"``) of the response tokens.
+
+        ``temperature`` divides the logits, as the rollout sampler did.
+        """
+        _check_temperature(temperature)
         return self.infer(
             "compute_log_prob", batch, temperature=temperature, with_entropy=with_entropy
         )
@@ -163,6 +167,7 @@ class ActorGroup(ReferenceGroup):
         with_entropy: bool = False,
     ) -> dict[str, float]:
         """One training step (see ``ActorWorker.update_actor`` for the metrics)."""
+        _check_temperature(temperature)
         return self.train(
             "update_actor", batch, loss_fn, temperature=temperature, with_entropy=with_entropy
         )
@@ -203,3 +208,8 @@ class CriticGroup(WorkerGroup):
     def update_critic(self, batch: Batch, loss_fn: ValueLossFn) -> dict[str, float]:
         """One training step of the critic (metrics under ``critic/``)."""
         return self.train("update_critic", batch, loss_fn)
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (the rollout's), got {temperature}")
