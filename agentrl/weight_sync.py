@@ -12,7 +12,9 @@ their partial tokens and the agent loops resubmit them (partial rollout).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -49,18 +51,34 @@ class SyncTimings:
         }
 
 
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def module_group(name: str) -> str:
+    """The unit a bucket never splits: a whole decoder layer, else the parent module.
+
+    Engines fuse tensors (q/k/v, gate/up) and reload a fused module from one message.
+    """
+    match = _LAYER.match(name)
+    return match.group(1) if match else name.rsplit(".", 1)[0]
+
+
 def bucketize(
     named_tensors: Iterable[NamedTensor], bucket_bytes: int
 ) -> Iterator[list[NamedTensor]]:
-    """Group tensors into lists of at most ``bucket_bytes`` (a larger tensor goes alone)."""
+    """Lists of whole module groups, each at most ``bucket_bytes`` unless one group is larger.
+
+    Tensors of one group must arrive next to each other (state-dict order does this).
+    """
     bucket: list[NamedTensor] = []
     size = 0
-    for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
+    for _, members in itertools.groupby(named_tensors, key=lambda item: module_group(item[0])):
+        tensors = [(name, tensor.detach().cpu()) for name, tensor in members]
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
-        bucket.append((name, tensor.detach().cpu()))
+        bucket.extend(tensors)
         size += nbytes
     if bucket:
         yield bucket
