@@ -14,6 +14,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.algos.config import AlgorithmConfig
+from agentrl.data.config import DataConfig
+from agentrl.reward.config import RewardConfig
+
 
 class _Section(BaseModel):
     """Base for config sections: unknown keys are errors, not silently ignored."""
@@ -171,8 +175,11 @@ class AgentRLConfig(_Section):
     """Root of the configuration tree."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 
