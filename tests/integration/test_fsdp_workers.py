@@ -18,6 +18,7 @@ from agentrl.trainer import (
     ActorGroup,
     CriticConfig,
     CriticGroup,
+    LoRAConfig,
     MicroBatch,
     OptimConfig,
     ReferenceConfig,
@@ -294,3 +295,34 @@ def test_critic_learns_returns_with_clipped_value_loss(ray_cluster, tiny_checkpo
         critic.shutdown()
     assert losses[0] == pytest.approx(0.5)  # values 0, returns 1 on every loss token
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_lora_actor_trains_adapters_and_exports_merged_hf_weights(
+    ray_cluster, tiny_checkpoint, vocab_size, tmp_path
+):
+    pytest.importorskip("peft")
+    config = ActorConfig(
+        world_size=2,
+        num_cpus_per_worker=0.5,
+        mini_batch_size=8,
+        max_tokens_per_micro_batch=32,
+        optim=OptimConfig(lr=1e-2),
+        lora=LoRAConfig(rank=4, alpha=8.0),
+    )
+    lora_actor = ActorGroup(config, str(tiny_checkpoint))
+    try:
+        batch = make_batch(7, vocab_size)
+        before = lora_actor.compute_log_prob(batch)["log_probs"]
+        batch["old_log_probs"] = perturbed(before, batch, seed=7)
+        lora_actor.update_actor(batch, ppo_clip_loss)
+        after = lora_actor.compute_log_prob(batch)["log_probs"]
+        merged = dict(lora_actor.named_weights())
+        lora_actor.export_hf(str(tmp_path / "hf"))
+    finally:
+        lora_actor.shutdown()
+    base = hf_model(tiny_checkpoint).state_dict()
+    assert list(merged) == list(base)  # HF names, adapters merged away
+    assert (after - before).abs().max() > 1e-3
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_log_probs(exported, batch), after, rtol=0, atol=2e-5)
