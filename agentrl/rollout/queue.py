@@ -1,0 +1,174 @@
+"""``TrajectoryQueue``: finished episodes between the rollout producer and the trainer.
+
+Producers ask ``reserve`` how many groups they may start (the staleness rule in
+``StalenessController``), run them, and ``put`` each finished episode. The trainer calls
+``get_batch`` and receives ``batch_groups`` complete groups (all ``group_size`` episodes
+of a prompt returned), oldest first. At that point each episode's staleness — the
+trainer's version minus the oldest policy version among its model tokens — is checked:
+episodes more than η versions behind are dropped, or down-weighted by
+``stale_weight_decay ** (staleness − η)`` in ``output.extra["sample_weight"]``, and counted.
+
+Runs in-process or as a Ray actor (``ray.remote(TrajectoryQueue)``); all methods are
+coroutines on one event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentrl.rollout.episode import EpisodeResult
+from agentrl.rollout.staleness import StalenessController
+
+
+@dataclass
+class TrainingBatch:
+    """What the trainer gets: complete groups, and what happened to the rest."""
+
+    groups: list[list[EpisodeResult]]
+    version: int
+    staleness: list[int] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def episodes(self) -> list[EpisodeResult]:
+        return [episode for group in self.groups for episode in group]
+
+
+class TrajectoryQueue:
+    """Bounded-staleness buffer of finished episodes, grouped by prompt."""
+
+    def __init__(
+        self,
+        batch_groups: int,
+        group_size: int,
+        max_staleness: int,
+        max_concurrency: int,
+        stale_policy: Literal["drop", "downweight"] = "drop",
+        stale_weight_decay: float = 0.5,
+    ) -> None:
+        self.batch_groups = batch_groups
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.stale_weight_decay = stale_weight_decay
+        self._downweighted: set[str] = set()
+        self._rule = StalenessController(
+            max_staleness=max_staleness,
+            batch_size=batch_groups * group_size,
+            max_concurrency=max_concurrency,
+        )
+        self._open: dict[str, list[EpisodeResult]] = {}
+        self._complete: OrderedDict[str, list[EpisodeResult]] = OrderedDict()
+        self._changed = asyncio.Condition()
+        self._seen: set[str] = set()
+        self._counts: Counter[str] = Counter()
+        self._closed = False
+
+    # -- producer side -----------------------------------------------------------------
+
+    async def reserve(self, max_groups: int) -> int:
+        """Start up to ``max_groups`` groups now; returns how many the rule allows."""
+        groups = min(max_groups, self._rule.capacity // self.group_size)
+        if groups > 0:
+            self._rule.start(groups * self.group_size)
+        return groups
+
+    async def wait_for_capacity(self) -> None:
+        """Return once at least one more group may start (or the queue closed)."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._closed or self._rule.capacity >= self.group_size
+            )
+
+    async def put(self, episode: EpisodeResult) -> None:
+        """A reserved episode finished (ok or failed); each episode id is accepted once."""
+        if episode.episode_id in self._seen:
+            raise ValueError(f"episode {episode.episode_id} was already put")
+        self._seen.add(episode.episode_id)
+        self._rule.finish(kept=episode.ok)
+        self._counts["episodes_in"] += 1
+        if not episode.ok:
+            self._counts["failed_episodes"] += 1
+        group = self._open.setdefault(episode.group_id, [])
+        group.append(episode)
+        if len(group) == self.group_size:
+            del self._open[episode.group_id]
+            self._complete[episode.group_id] = sorted(group, key=lambda e: e.sample_index)
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- trainer side ------------------------------------------------------------------
+
+    async def get_batch(self) -> TrainingBatch | None:
+        """Wait for ``batch_groups`` usable groups; None once closed and drained."""
+        async with self._changed:
+            while True:
+                self._apply_staleness()
+                if len(self._complete) >= self.batch_groups:
+                    break
+                if self._closed:
+                    return None
+                await self._changed.wait()
+        groups = [self._complete.popitem(last=False)[1] for _ in range(self.batch_groups)]
+        staleness = [self._staleness(e) for group in groups for e in group if e.ok]
+        self._counts["episodes_out"] += sum(len(g) for g in groups)
+        return TrainingBatch(groups, self._rule.version, staleness, self.metrics())
+
+    async def set_version(self, version: int) -> None:
+        """The trainer now serves ``version``: more episodes may start."""
+        self._rule.set_version(version)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def close(self) -> None:
+        """Wake every waiter; ``get_batch`` returns None once nothing usable is left."""
+        self._closed = True
+        async with self._changed:
+            self._changed.notify_all()
+
+    def pending_episode_ids(self) -> list[str]:
+        """Episodes received but not yet handed to the trainer (complete or open groups)."""
+        groups = [*self._complete.values(), *self._open.values()]
+        return [episode.episode_id for group in groups for episode in group]
+
+    def metrics(self) -> dict[str, float]:
+        """Counters under ``async/`` plus the current queue depth."""
+        return {
+            "async/queue_depth_groups": float(len(self._complete)),
+            "async/open_groups": float(len(self._open)),
+            "async/running": float(self._rule.running),
+            **{f"async/{k}": float(v) for k, v in self._counts.items()},
+        }
+
+    # -- staleness ---------------------------------------------------------------------
+
+    def _staleness(self, episode: EpisodeResult) -> int:
+        versions = [o.min_version for o in episode.outputs if o.min_version is not None]
+        return self._rule.version - min(versions) if versions else 0
+
+    def _apply_staleness(self) -> None:
+        """Drop or down-weight episodes more than η versions behind; drop empty groups."""
+        for group_id in list(self._complete):
+            kept = []
+            for episode in self._complete[group_id]:
+                excess = self._staleness(episode) - self.max_staleness if episode.ok else 0
+                if excess > 0 and self.stale_policy == "drop":
+                    self._counts["dropped_stale"] += 1
+                    self._rule.discard_accepted()
+                    continue
+                if excess > 0:
+                    if episode.episode_id not in self._downweighted:
+                        self._downweighted.add(episode.episode_id)
+                        self._counts["downweighted_stale"] += 1
+                    for output in episode.outputs:
+                        output.extra["sample_weight"] = self.stale_weight_decay**excess
+                kept.append(episode)
+            if any(e.ok for e in kept):
+                self._complete[group_id] = kept
+            else:
+                del self._complete[group_id]
+                self._counts["dropped_groups"] += 1
+                self._counts["dropped_group_episodes"] += len(kept)

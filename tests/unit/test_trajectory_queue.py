@@ -1,0 +1,160 @@
+"""TrajectoryQueue: grouping, capacity, staleness handling, no loss or duplication."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.rollout.episode import EpisodeResult
+from agentrl.rollout.queue import TrajectoryQueue
+
+
+def _episode(group: str, k: int, version: int = 0, ok: bool = True) -> EpisodeResult:
+    output = AgentLoopOutput(
+        prompt_ids=[1],
+        response_ids=[2, 3],
+        response_mask=[1, 1],
+        response_logprobs=[-0.1, -0.2],
+        response_versions=[version, version],
+    )
+    return EpisodeResult(
+        episode_id=f"{group}-{k}",
+        group_id=group,
+        row_index=0,
+        sample_index=k,
+        agent_name="t",
+        outputs=[output] if ok else [],
+        error=None if ok else "boom",
+    )
+
+
+def _queue(**kw) -> TrajectoryQueue:
+    args = {"batch_groups": 2, "group_size": 2, "max_staleness": 1, "max_concurrency": 64}
+    return TrajectoryQueue(**(args | kw))
+
+
+async def test_batch_waits_for_complete_groups_and_keeps_them_together():
+    q = _queue()
+    assert await q.reserve(10) == 4  # (1 + 0 + 1) * 4 episodes = 4 groups of 2
+    getter = asyncio.create_task(q.get_batch())
+    for ep in [_episode("a", 1), _episode("b", 0), _episode("a", 0)]:
+        await q.put(ep)
+    await asyncio.sleep(0)
+    assert not getter.done()  # only group a is complete
+    await q.put(_episode("b", 1))
+    batch = await asyncio.wait_for(getter, 1)
+    assert [[e.episode_id for e in g] for g in batch.groups] == [["a-0", "a-1"], ["b-0", "b-1"]]
+
+
+async def test_capacity_follows_the_staleness_rule():
+    q = _queue(max_staleness=0)
+    assert await q.reserve(10) == 2
+    assert await q.reserve(10) == 0
+    for g in "ab":
+        for k in range(2):
+            await q.put(_episode(g, k))
+    await q.get_batch()
+    assert await q.reserve(10) == 0  # still version 0
+    await q.set_version(1)
+    assert await q.reserve(10) == 2
+
+
+async def test_duplicate_episode_is_refused():
+    q = _queue()
+    await q.reserve(1)
+    await q.put(_episode("a", 0))
+    with pytest.raises(ValueError, match="already put"):
+        await q.put(_episode("a", 0))
+
+
+async def test_stale_episodes_are_dropped_and_their_slots_freed():
+    q = _queue(batch_groups=1, max_staleness=1)
+    await q.reserve(2)
+    await q.put(_episode("old", 0, version=0))
+    await q.put(_episode("old", 1, version=2))
+    await q.set_version(2)
+    batch = await asyncio.wait_for(q.get_batch(), 1)
+    assert [e.episode_id for e in batch.episodes] == ["old-1"]
+    assert batch.metrics["async/dropped_stale"] == 1
+    assert batch.staleness == [0]
+
+
+async def test_stale_episodes_can_be_downweighted_instead():
+    q = _queue(batch_groups=1, max_staleness=0, stale_policy="downweight")
+    await q.reserve(1)
+    await q.put(_episode("g", 0, version=0))
+    await q.put(_episode("g", 1, version=0))
+    await q.set_version(2)
+    batch = await q.get_batch()
+    weights = [e.outputs[0].extra["sample_weight"] for e in batch.episodes]
+    assert weights == [0.25, 0.25]
+    assert batch.metrics["async/downweighted_stale"] == 2
+
+
+async def test_failed_episodes_complete_a_group_but_an_all_failed_group_is_dropped():
+    q = _queue(batch_groups=1)
+    await q.reserve(2)
+    await q.put(_episode("dead", 0, ok=False))
+    await q.put(_episode("dead", 1, ok=False))
+    await q.put(_episode("half", 0, ok=False))
+    await q.put(_episode("half", 1))
+    batch = await q.get_batch()
+    assert [e.episode_id for e in batch.episodes] == ["half-0", "half-1"]
+    assert batch.metrics["async/dropped_groups"] == 1
+    assert batch.metrics["async/failed_episodes"] == 3
+
+
+async def test_close_releases_a_waiting_trainer():
+    q = _queue()
+    getter = asyncio.create_task(q.get_batch())
+    await asyncio.sleep(0)
+    await q.close()
+    assert await asyncio.wait_for(getter, 1) is None
+
+
+async def test_no_episode_lost_or_duplicated_with_concurrent_producers_and_trainer():
+    q = _queue(batch_groups=3, group_size=4, max_staleness=1, max_concurrency=20)
+    rng = random.Random(0)
+    produced: list[str] = []
+    consumed: list[str] = []
+    steps = 12
+
+    async def producer(worker: int):
+        counter = 0
+        while True:
+            await q.wait_for_capacity()
+            if q._closed:
+                return
+            if not await q.reserve(1):
+                continue
+            group = f"w{worker}-g{counter}"
+            counter += 1
+            version = q._rule.version
+
+            async def run(k: int, group: str = group, version: int = version):
+                await asyncio.sleep(rng.random() / 200)
+                ep = _episode(group, k, version=version, ok=rng.random() > 0.05)
+                produced.append(ep.episode_id)
+                await q.put(ep)
+
+            await asyncio.gather(*(run(k) for k in range(4)))
+
+    producers = [asyncio.create_task(producer(i)) for i in range(3)]
+    for step in range(steps):
+        batch = await asyncio.wait_for(q.get_batch(), 5)
+        assert len(batch.groups) == 3
+        consumed += [e.episode_id for e in batch.episodes]
+        assert max(batch.staleness, default=0) <= 1
+        await q.set_version(step + 1)
+    await q.close()
+    await asyncio.gather(*producers)
+    assert len(consumed) == len(set(consumed))
+    m = q.metrics()
+    pending = q.pending_episode_ids()
+    dropped = m.get("async/dropped_stale", 0) + m.get("async/dropped_group_episodes", 0)
+    assert len(produced) == len(set(produced)) == m["async/episodes_in"]
+    assert len(produced) == len(consumed) + dropped + len(pending)
+    assert set(consumed).isdisjoint(pending)
