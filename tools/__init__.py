@@ -1,6 +1,9 @@
-"""Tools agents can call (OpenAI function-calling schema)."""
+"""Tools agents can call (OpenAI function-calling schema), built-in tools and the sandbox."""
 
 from agentrl.tools.base import BaseTool, ToolArgumentError, ToolResponse
+from agentrl.tools.decorator import FunctionTool, function_schema, tool
+from agentrl.tools.loader import ToolSpec, import_object, load_tools
+from agentrl.tools.render import tools_for_chat_template, tools_system_prompt
 from agentrl.tools.schema import (
     FunctionCall,
     OpenAIFunctionParametersSchema,
@@ -11,9 +14,17 @@ from agentrl.tools.schema import (
 __all__ = [
     "BaseTool",
     "FunctionCall",
+    "FunctionTool",
     "OpenAIFunctionParametersSchema",
     "OpenAIFunctionSchema",
     "OpenAIFunctionToolSchema",
     "ToolArgumentError",
     "ToolResponse",
+    "ToolSpec",
+    "function_schema",
+    "import_object",
+    "load_tools",
+    "tool",
+    "tools_for_chat_template",
+    "tools_system_prompt",
 ]

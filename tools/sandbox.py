@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from agentrl.tools.isolation import (
     SANDBOX_WORKDIR,
     Isolation,
@@ -70,28 +72,32 @@ def _semaphore() -> asyncio.Semaphore:
     return _semaphores[loop]
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits for one run.
+class SandboxLimits(BaseModel):
+    """Resource limits for one run."""
 
-    Attributes:
-        wall_time_s: wall-clock limit; the process group is killed after it.
-        cpu_time_s: CPU-time limit (``RLIMIT_CPU``, SIGXCPU then SIGKILL 1 s later).
-        memory_bytes: address-space limit per process (``RLIMIT_AS``).
-        max_processes: processes and threads at once (``RLIMIT_NPROC``).
-        max_file_bytes: largest file the code may write (``RLIMIT_FSIZE``).
-        tmpfs_bytes: size of the private working directory (bubblewrap only).
-        max_output_bytes: stdout and stderr are each kept up to this size; more
-            output kills the run.
-    """
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    wall_time_s: float = 10.0
-    cpu_time_s: float = 10.0
-    memory_bytes: int = 1 << 30
-    max_processes: int = 16
-    max_file_bytes: int = 16 << 20
-    tmpfs_bytes: int = 64 << 20
-    max_output_bytes: int = 64 << 10
+    wall_time_s: float = Field(10.0, gt=0, description="Wall-clock limit, then the run is killed.")
+    cpu_time_s: float = Field(
+        10.0, gt=0, description="CPU-time limit (RLIMIT_CPU: SIGXCPU, then SIGKILL 1 s later)."
+    )
+    memory_bytes: int = Field(
+        1 << 30, gt=0, description="Address-space limit per process (RLIMIT_AS)."
+    )
+    max_processes: int = Field(
+        16, gt=0, description="Processes and threads at once (RLIMIT_NPROC), the first included."
+    )
+    max_file_bytes: int = Field(
+        16 << 20, ge=0, description="Largest file the code may write (RLIMIT_FSIZE)."
+    )
+    tmpfs_bytes: int = Field(
+        64 << 20, gt=0, description="Size of the private working directory (bubblewrap only)."
+    )
+    max_output_bytes: int = Field(
+        64 << 10,
+        gt=0,
+        description="Cap on stdout and on stderr; more output kills the run.",
+    )
 
 
 @dataclass(frozen=True)
