@@ -8,7 +8,11 @@ from collections.abc import Callable
 from agentrl.agent_loops.base import AgentLoopBase
 
 _LOOPS: dict[str, type[AgentLoopBase]] = {}
-_BUILTIN_MODULES = ("agentrl.agent_loops.single_turn", "agentrl.agent_loops.tool_agent")
+_BUILTIN_MODULES = (
+    "agentrl.agent_loops.single_turn",
+    "agentrl.agent_loops.tool_agent",
+    "agentrl.agent_loops.external",
+)
 
 
 def register_agent_loop(name: str) -> Callable[[type[AgentLoopBase]], type[AgentLoopBase]]:

@@ -164,7 +164,7 @@ def build_app(service: GatewayService) -> FastAPI:
         if request.stream:
             chunks = ChatChunks(service.tokenizer, request.logprobs)
             usage = bool(request.stream_options and request.stream_options.include_usage)
-            events = stream_events(prepared, service.run(prepared), chunks, usage)
+            events = stream_events(prepared, lambda: service.run(prepared), chunks, usage)
             return StreamingResponse(events, media_type="text/event-stream")
         result = await service.run(prepared)
         return JSONResponse(chat_completion(result, service.tokenizer, request.logprobs))
@@ -178,7 +178,9 @@ def build_app(service: GatewayService) -> FastAPI:
         prepared = await service.prepare_completion(request, sid)
         if request.stream:
             usage = bool(request.stream_options and request.stream_options.include_usage)
-            events = stream_events(prepared, service.run(prepared), CompletionChunks(), usage)
+            events = stream_events(
+                prepared, lambda: service.run(prepared), CompletionChunks(), usage
+            )
             return StreamingResponse(events, media_type="text/event-stream")
         result = await service.run(prepared)
         return JSONResponse(completion(result, service.tokenizer, request.logprobs))
@@ -207,7 +209,7 @@ def build_app(service: GatewayService) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/reward")
     async def set_reward(session_id: str, request: RewardRequest) -> JSONResponse:
         """Set the session reward and/or per-call rewards (before finishing)."""
-        session = await service.set_reward(session_id, request)
+        session = service.store.set_rewards(session_id, request.reward, request.rewards)
         return JSONResponse(
             {
                 "session_id": session_id,
@@ -219,7 +221,7 @@ def build_app(service: GatewayService) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/finish")
     async def finish(session_id: str, request: FinishRequest | None = None) -> JSONResponse:
         """Finish the session (idempotent): its samples go to the sink; returns them."""
-        session = await service.finish(session_id, request.reward if request else None)
+        session = await service.store.finish(session_id, request.reward if request else None)
         return JSONResponse(session.to_json())
 
     return app

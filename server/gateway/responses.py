@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from agentrl.server.gateway.decoding import token_strings
@@ -121,7 +121,7 @@ def _sse(payload: dict[str, Any]) -> str:
 
 async def stream_events(
     prepared: PreparedCall,
-    run: Awaitable[CallResult],
+    run: Callable[[], Awaitable[CallResult]],
     chunks: Any,
     include_usage: bool,
 ) -> AsyncIterator[str]:
@@ -135,7 +135,7 @@ async def stream_events(
     try:
         for chunk in chunks.opening(prepared):
             yield _sse(head | chunk)
-        result = await run
+        result = await run()
         for chunk in chunks.body(result):
             yield _sse(head | chunk)
         if include_usage:

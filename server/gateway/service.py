@@ -28,7 +28,6 @@ from agentrl.server.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
-    RewardRequest,
 )
 from agentrl.server.gateway.sessions import CallRecord, Completion, Session, SessionStore
 from agentrl.server.gateway.sink import TrajectorySink
@@ -395,30 +394,3 @@ class GatewayService:
         if prepared.text_prompt is not None:
             return ("text", prepared.text_prompt + choice.text)
         return None
-
-    # ----------------------------------------------------------------- sessions
-    async def set_reward(self, session_id: str, request: RewardRequest) -> Session:
-        session = self.store.get(session_id)
-        if session.finished:
-            raise GatewayError(
-                409, f"session {session_id!r} is finished; rewards must come before finish"
-            )
-        if request.rewards:
-            known = {r.call_id for r in session.records}
-            unknown = sorted(set(request.rewards) - known)
-            if unknown:
-                raise GatewayError(
-                    400,
-                    f"unknown call id(s) {unknown[:5]} in session {session_id!r}",
-                    param="rewards",
-                )
-            session.call_rewards.update(request.rewards)
-        if request.reward is not None:
-            session.reward = request.reward
-        return session
-
-    async def finish(self, session_id: str, reward: float | None) -> Session:
-        session = self.store.get(session_id)
-        if reward is not None and not session.finished:
-            session.reward = reward
-        return await self.store.finish(session_id)

@@ -297,11 +297,38 @@ class SessionStore:
         del self._sessions[oldest.session_id]
         logger.debug("dropped finished session %s to make room", oldest.session_id)
 
-    async def finish(self, session_id: str, reason: str = "finished") -> Session:
-        """Finish the session (idempotent) and send its samples to the sink once."""
+    def set_rewards(
+        self, session_id: str, reward: float | None, call_rewards: dict[str, float] | None
+    ) -> Session:
+        """Set the session reward and/or per-call rewards (keyed by call id)."""
+        session = self.get(session_id)
+        if session.finished:
+            raise GatewayError(
+                409, f"session {session_id!r} is finished; rewards must come before finish"
+            )
+        if call_rewards:
+            unknown = sorted(set(call_rewards) - {r.call_id for r in session.records})
+            if unknown:
+                raise GatewayError(
+                    400,
+                    f"unknown call id(s) {unknown[:5]} in session {session_id!r}",
+                    param="rewards",
+                )
+            session.call_rewards.update(call_rewards)
+        if reward is not None:
+            session.reward = reward
+        return session
+
+    async def finish(
+        self, session_id: str, reward: float | None = None, reason: str = "finished"
+    ) -> Session:
+        """Finish the session (idempotent) and send its samples to the sink once;
+        ``reward``, if given, becomes the session reward first."""
         session = self.get(session_id)
         if session.finished:
             return session
+        if reward is not None:
+            session.reward = reward
         session.finished_at = self._clock()
         session.finish_reason = reason
         samples = [session.build_sample(chain) for chain in session.samples]
