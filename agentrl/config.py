@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.algos.config import AlgorithmConfig
 from agentrl.data.config import DataConfig
 from agentrl.reward.config import RewardConfig
+from agentrl.trainer.config import WorkersConfig
 
 
 class _Section(BaseModel):
@@ -163,6 +164,45 @@ class RolloutConfig(_Section):
     worker_num_cpus: float = Field(0.0, ge=0, description="Ray CPUs per agent-loop worker.")
 
 
+class TrainerConfig(_Section):
+    total_steps: int = Field(20, ge=1, description="Training steps (policy updates).")
+    run_dir: str = Field(
+        "runs/latest", description="Run directory: config, metrics, checkpoints, samples."
+    )
+    val_every: int = Field(
+        0, ge=0, description="Validate every N steps (and before the first); 0 = never."
+    )
+    val_n: int = Field(1, ge=1, description="Samples per validation prompt (mean@k).")
+    val_temperature: float = Field(0.0, ge=0, description="Validation sampling temperature.")
+    save_every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 = only at the end.")
+    resume: bool = Field(True, description="Resume from the run directory's last checkpoint.")
+    old_log_probs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="Behaviour log-probs for the PPO ratio: recomputed by the actor before "
+        "the update, or the rollout engine's own (skips a forward pass).",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Async training: how many policy versions rollouts may run ahead "
+        "(0 = synchronous, 1 = one-step-off-policy).",
+    )
+    stale_policy: Literal["drop", "downweight"] = Field(
+        "drop", description="What to do with episodes more than max_staleness versions old."
+    )
+    weight_sync_pause_mode: Literal["keep", "abort", "wait"] = Field(
+        "keep",
+        description="How in-flight generation is paused during a weight push "
+        "(keep: held and resumed under the new weights).",
+    )
+    weight_sync_bucket_mb: float = Field(
+        256.0, gt=0, description="Object-store bucket size of a weight push."
+    )
+    samples_to_save: int = Field(
+        4, ge=0, description="Trajectories rendered to the run directory each step."
+    )
+
+
 class RayConfig(_Section):
     address: str | None = Field(
         None, description="Existing Ray cluster address; None starts a local one."
@@ -180,6 +220,8 @@ class AgentRLConfig(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 

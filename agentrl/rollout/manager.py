@@ -66,6 +66,11 @@ class AgentLoopManager:
         requests = make_requests(
             rows, n or self.config.rollout.n, sampling or self.default_sampling()
         )
+        async for result in self.stream_requests(requests):
+            yield result
+
+    async def stream_requests(self, requests: list[EpisodeRequest]) -> AsyncIterator[EpisodeResult]:
+        """Run prepared episode requests; yield each result as soon as it finishes."""
         pending = [asyncio.ensure_future(_await(self.submit(r))) for r in requests]
         try:
             for finished in asyncio.as_completed(pending):

@@ -1,0 +1,163 @@
+"""The per-step building blocks the trainers compose: reward, log-probs, advantages.
+
+Each function takes and returns plain tensors or batches so that ``Trainer.fit`` and
+``AsyncTrainer.fit`` read as the algorithm: generate → reward → old log-probs →
+reference → advantages → update → sync.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.algos import (
+    AdvantageInputs,
+    AlgorithmConfig,
+    compute_advantages,
+    compute_mismatch_metrics,
+    compute_rollout_is_weights,
+    overlong_penalty,
+    scores_to_token_rewards,
+)
+from agentrl.reward.manager import RewardManager, RewardRequest
+from agentrl.rollout.episode import EpisodeResult
+from agentrl.trainer.batch import Sample
+from agentrl.trainer.dispatch import Batch
+
+
+def _decode_response(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+async def score_episodes(
+    episodes: list[EpisodeResult],
+    rows: dict[str, dict[str, Any]],
+    rewards: RewardManager,
+    tokenizer: Any,
+) -> tuple[list[Sample], dict[str, float]]:
+    """Reward every successful episode's last output; all its outputs share the score.
+
+    ``rows`` maps a group id to its dataset row. Failed episodes are skipped (counted).
+    """
+    ok = [e for e in episodes if e.ok and e.outputs]
+    requests = [
+        RewardRequest.from_row(
+            rows[e.group_id], _decode_response(tokenizer, e.outputs[-1].response_ids)
+        )
+        for e in ok
+    ]
+    scored = await rewards.score_batch(requests)
+    samples = [
+        Sample(output, episode.group_id, result.score + output.extra.get("tool_reward", 0.0))
+        for episode, result in zip(ok, scored.results, strict=True)
+        for output in episode.outputs
+    ]
+    metrics = dict(scored.metrics)
+    metrics["rollout/failed_episodes"] = float(len(episodes) - len(ok))
+    metrics.update(rollout_metrics(ok))
+    return samples, metrics
+
+
+def rollout_metrics(episodes: list[EpisodeResult]) -> dict[str, float]:
+    """Turns, tool calls by outcome, lengths, drift and latency percentiles."""
+    outputs = [o for e in episodes for o in e.outputs]
+    if not outputs:
+        return {}
+    totals: Counter[str] = Counter()
+    for output in outputs:
+        totals.update({k: v for k, v in output.metrics.items() if isinstance(v, int | float)})
+    lengths = np.array([o.num_model_tokens for o in outputs], dtype=float)
+    latency = np.array([e.latency_s for e in episodes])
+    metrics = {
+        "rollout/num_turns/mean": float(np.mean([o.num_turns for o in outputs])),
+        "rollout/response_length/mean": float(lengths.mean()),
+        "rollout/response_length/max": float(lengths.max()),
+        "rollout/latency_s/p50": float(np.percentile(latency, 50)),
+        "rollout/latency_s/p99": float(np.percentile(latency, 99)),
+    }
+    for key, value in totals.items():
+        metrics[f"rollout/{key}"] = float(value) / len(outputs)
+    if totals.get("drift_checked"):
+        metrics["rollout/tokenization_drift"] = float(totals.get("tokenization_drift", 0))
+    return metrics
+
+
+def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, float]:
+    """Mismatch metrics, and rollout-IS weights when configured (added to ``batch``).
+
+    ``batch["old_log_probs"]`` are the trainer's behaviour log-probs; the rollout's own
+    log-probs come per token from whichever policy version sampled it, so a trajectory
+    that spans a weight swap gets a per-segment ratio automatically.
+    """
+    mask = batch["response_mask"]
+    metrics = {
+        k: float(v)
+        for k, v in compute_mismatch_metrics(
+            batch["old_log_probs"], batch["rollout_log_probs"], mask
+        ).items()
+    }
+    if cfg.rollout_is_threshold is None:
+        return metrics
+    result = compute_rollout_is_weights(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        mask,
+        threshold=cfg.rollout_is_threshold,
+        threshold_lower=cfg.rollout_is_threshold_lower,
+        level=cfg.rollout_is_level,
+        mode=cfg.rollout_is_mode,
+        veto_threshold=cfg.rollout_is_veto_threshold,
+        apply_weights=cfg.rollout_is,
+    )
+    if result.weights is not None:
+        batch["rollout_is_weights"] = result.weights
+    metrics.update({k: float(v) for k, v in result.metrics.items()})
+    return metrics
+
+
+def add_advantages(
+    batch: Batch, group_ids: list[str], cfg: AlgorithmConfig, max_response_length: int
+) -> dict[str, float]:
+    """Token rewards (+ overlong shaping) → advantages and returns, added to ``batch``."""
+    scores = batch["scores"].clone()
+    mask = batch["response_mask"]
+    if cfg.overlong.enable:
+        lengths = mask.sum(dim=-1)
+        scores = scores + overlong_penalty(
+            lengths, max_response_length, cfg.overlong.buffer_length, cfg.overlong.penalty_factor
+        )
+    inputs = AdvantageInputs(
+        token_level_rewards=scores_to_token_rewards(scores, mask),
+        response_mask=mask,
+        index=group_ids,
+        values=batch.get("values"),
+    )
+    result = compute_advantages(inputs, cfg)
+    batch["advantages"] = result.advantages.float()
+    batch["returns"] = result.returns.float()
+    valid = mask.bool()
+    return {
+        "critic/score/mean": float(scores.mean()),
+        "critic/advantages/mean": float(result.advantages[valid].mean()) if valid.any() else 0.0,
+        "critic/advantages/max": float(result.advantages[valid].max()) if valid.any() else 0.0,
+    }
+
+
+def staleness_metrics(batch: Batch, version: int) -> dict[str, float]:
+    """Per-row staleness (trainer version − oldest token version) summary."""
+    versions = batch["response_versions"].masked_fill(batch["response_mask"] == 0, 1 << 40)
+    oldest = versions.min(dim=-1).values
+    has_tokens = oldest < (1 << 40)
+    if not bool(has_tokens.any()):
+        return {}
+    staleness = (version - oldest[has_tokens]).float()
+    metrics = {
+        "async/staleness/mean": float(staleness.mean()),
+        "async/staleness/max": float(staleness.max()),
+    }
+    for value in torch.unique(staleness).tolist():
+        metrics[f"async/staleness/hist_{int(value)}"] = float((staleness == value).sum())
+    return metrics

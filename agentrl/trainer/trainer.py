@@ -1,0 +1,263 @@
+"""``Trainer``: the synchronous fit loop on Ray (single controller, FSDP2 workers).
+
+    generate → reward → old log-probs → reference → advantages → update → push weights
+
+``AsyncTrainer`` (``async_trainer.py``) overlaps generation with training; both share
+the parts below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import AutoTokenizer
+
+from agentrl.config import AgentRLConfig
+from agentrl.data.dataset import build_dataset
+from agentrl.data.loader import RowLoader
+from agentrl.reward.manager import RewardManager
+from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
+from agentrl.rollout.manager import AgentLoopManager
+from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+from agentrl.server.types import SamplingParams
+from agentrl.tracking import MetricsLogger
+from agentrl.trainer.batch import Sample, build_batch
+from agentrl.trainer.dispatch import Batch
+from agentrl.trainer.group import ActorGroup, ReferenceGroup
+from agentrl.trainer.losses import make_actor_loss
+from agentrl.trainer.samples import write_samples
+from agentrl.trainer.steps import (
+    add_advantages,
+    apply_rollout_correction,
+    score_episodes,
+    staleness_metrics,
+)
+from agentrl.weight_sync import ObjectStoreSync
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def timer(metrics: dict[str, float], name: str):
+    """Add the block's wall time to ``metrics["timing/<name>"]``."""
+    start = time.perf_counter()
+    yield
+    metrics[f"timing/{name}"] = metrics.get(f"timing/{name}", 0.0) + time.perf_counter() - start
+
+
+class Trainer:
+    """Owns the rollout servers, agent-loop workers, FSDP workers and the data."""
+
+    def __init__(self, cfg: AgentRLConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.step = 0
+        self.version = 0
+
+    # -- setup -------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Start Ray, the rollout servers, the agent-loop and training workers."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
+        train = build_dataset(cfg.data.train_files, cfg.data, self.tokenizer, name="train")
+        self.val_rows = (
+            [r.to_dict() for r in build_dataset(cfg.data.val_files, cfg.data, self.tokenizer).rows]
+            if cfg.data.val_files
+            else []
+        )
+        self.loader = RowLoader(
+            [r.to_dict() for r in train.rows],
+            cfg.data.train_batch_size,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.data.seed,
+            drop_last=cfg.data.drop_last,
+        )
+        init_ray(cfg.ray)
+        self.client = start_rollout_servers(cfg.model, cfg.server)
+        self.manager = AgentLoopManager(cfg)
+        total = cfg.trainer.total_steps
+        self.actor = ActorGroup(cfg.workers.actor, cfg.model.path, total_training_steps=total)
+        kl = cfg.algorithm.kl
+        self.ref = (
+            ReferenceGroup(cfg.workers.ref, cfg.model.path)
+            if kl.use_kl_loss or kl.use_kl_in_reward
+            else None
+        )
+        self.rewards = RewardManager.from_config(cfg.reward)
+        self.loss_fn = make_actor_loss(cfg.algorithm)
+        self.sync = ObjectStoreSync(
+            self.client,
+            bucket_bytes=int(cfg.trainer.weight_sync_bucket_mb * 1024**2),
+            pause_mode=cfg.trainer.weight_sync_pause_mode,
+        )
+        self.tracker = MetricsLogger(self.run_dir)
+        if cfg.trainer.resume:
+            self._resume()
+
+    def shutdown(self) -> None:
+        """Stop every worker and the rollout servers."""
+        self.tracker.close()
+        self.rewards.close()
+        self.manager.shutdown()
+        self.actor.shutdown()
+        if self.ref is not None:
+            self.ref.shutdown()
+        stop_rollout_servers(self.cfg.server)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def fit(self) -> list[dict[str, float]]:
+        """Train ``trainer.total_steps`` steps; returns each step's logged metrics."""
+        history = []
+        if self.version > 0:  # resumed: the servers still hold the initial weights
+            await self.sync.push(await asyncio.to_thread(self._gather_weights), self.version)
+        await self._maybe_validate(force=True)
+        while self.step < self.cfg.trainer.total_steps:
+            metrics: dict[str, float] = {}
+            with timer(metrics, "step"):
+                rows = self.loader.next_batch()
+                with timer(metrics, "gen"):
+                    episodes, row_of = await self.generate(rows)
+                metrics |= await self.train_on(episodes, row_of, metrics)
+            history.append(await self._finish_step(metrics))
+        self.save_checkpoint()
+        return history
+
+    async def generate(
+        self, rows: list[dict[str, Any]]
+    ) -> tuple[list[EpisodeResult], dict[str, dict[str, Any]]]:
+        """``rollout.n`` episodes per row with the current policy."""
+        requests = make_requests(rows, self.cfg.rollout.n, self.manager.default_sampling())
+        episodes = [e async for e in self.manager.stream_requests(requests)]
+        return episodes, _rows_by_group(requests)
+
+    async def train_on(
+        self,
+        episodes: list[EpisodeResult],
+        row_of: dict[str, dict[str, Any]],
+        metrics: dict[str, float],
+    ) -> dict[str, float]:
+        """Reward → batch → log-probs → advantages → update → push weights."""
+        with timer(metrics, "reward"):
+            samples, reward_metrics = await score_episodes(
+                episodes, row_of, self.rewards, self.tokenizer
+            )
+        metrics |= reward_metrics
+        if len(samples) < self.cfg.workers.actor.world_size:
+            logger.warning(
+                "step %d: only %d usable samples, skipping update", self.step, len(samples)
+            )
+            return metrics
+        self._save_samples(samples)
+        batch, group_ids = build_batch(samples, self.tokenizer.pad_token_id)
+        metrics |= staleness_metrics(batch, self.version)
+        with timer(metrics, "old_log_prob"):
+            metrics |= await self._behaviour_log_probs(batch)
+        if self.ref is not None:
+            with timer(metrics, "ref"):
+                batch["ref_log_probs"] = (
+                    await asyncio.to_thread(self.ref.compute_log_prob, batch)
+                )["log_probs"]
+        metrics |= add_advantages(
+            batch, group_ids, self.cfg.algorithm, self.cfg.rollout.max_response_length
+        )
+        with timer(metrics, "train"):
+            metrics |= await asyncio.to_thread(
+                self.actor.update_actor, batch, self.loss_fn, with_entropy=True
+            )
+        with timer(metrics, "weight_sync"):
+            metrics |= await self.push_weights()
+        return metrics
+
+    async def push_weights(self) -> dict[str, float]:
+        """Send the actor's weights to every rollout replica as the next version."""
+        self.version += 1
+        timings = await self.sync.push(await asyncio.to_thread(self._gather_weights), self.version)
+        return timings.metrics()
+
+    def _gather_weights(self) -> list[tuple[str, Any]]:
+        return list(self.actor.named_weights())
+
+    async def _behaviour_log_probs(self, batch: Batch) -> dict[str, float]:
+        if self.cfg.trainer.old_log_probs == "rollout":
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+            return {}
+        out = await asyncio.to_thread(self.actor.compute_log_prob, batch)
+        batch["old_log_probs"] = out["log_probs"]
+        return apply_rollout_correction(batch, self.cfg.algorithm)
+
+    async def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        self.step += 1
+        metrics["trainer/version"] = float(self.version)
+        await self._maybe_validate()
+        every = self.cfg.trainer.save_every
+        if every and self.step % every == 0:
+            self.save_checkpoint()
+        return self.tracker.log(self.step, metrics)
+
+    # -- validation --------------------------------------------------------------------
+
+    async def validate(self) -> dict[str, float]:
+        """mean@k of the reward on the validation rows with the current weights."""
+        sampling = SamplingParams(
+            max_tokens=self.cfg.rollout.max_response_length,
+            temperature=self.cfg.trainer.val_temperature,
+            top_p=1.0,
+        )
+        requests = make_requests(self.val_rows, self.cfg.trainer.val_n, sampling)
+        episodes = [e async for e in self.manager.stream_requests(requests)]
+        _, metrics = await score_episodes(
+            episodes, _rows_by_group(requests), self.rewards, self.tokenizer
+        )
+        return {f"val/{k.removeprefix('reward/')}": v for k, v in metrics.items()}
+
+    async def _maybe_validate(self, force: bool = False) -> None:
+        every = self.cfg.trainer.val_every
+        if not self.val_rows or not every or (not force and self.step % every):
+            return
+        self.tracker.log(self.step, await self.validate())
+
+    # -- checkpoints and samples -------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
+        path = self.run_dir / "checkpoints" / f"step_{self.step}"
+        extra = {"step": self.step, "version": self.version, "loader": self.loader.state_dict()}
+        self.actor.save_checkpoint(str(path), extra=extra)
+        logger.info("saved checkpoint %s", path)
+        return path
+
+    def _resume(self) -> None:
+        checkpoints = sorted(
+            (self.run_dir / "checkpoints").glob("step_*"),
+            key=lambda p: int(re.sub(r"\D", "", p.name) or 0),
+        )
+        if not checkpoints:
+            return
+        extra = self.actor.load_checkpoint(str(checkpoints[-1]))
+        self.step, self.version = extra["step"], extra["version"]
+        self.loader.load_state_dict(extra["loader"])
+        logger.info("resumed from %s at step %d", checkpoints[-1], self.step)
+
+    def _save_samples(self, samples: list[Sample]) -> None:
+        count = self.cfg.trainer.samples_to_save
+        if count:
+            write_samples(
+                self.run_dir / "samples" / f"step_{self.step + 1}.txt",
+                samples[:count],
+                self.tokenizer,
+            )
+
+
+def _rows_by_group(requests: list[EpisodeRequest]) -> dict[str, dict[str, Any]]:
+    return {r.group_id: r.row for r in requests}
