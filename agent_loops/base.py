@@ -13,6 +13,20 @@ from agentrl.server.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import ToolCallParser
 
+MAX_PARTIAL_RESUBMITS = 16
+
+
+def join_outputs(first: TokenOutput, second: TokenOutput) -> TokenOutput:
+    """``second`` continued ``first`` (sent with ``first``'s tokens appended to the prompt)."""
+    return replace(
+        second,
+        token_ids=first.token_ids + second.token_ids,
+        logprobs=first.logprobs + second.logprobs,
+        token_versions=first.token_versions + second.token_versions,
+        num_cached_tokens=first.num_cached_tokens,
+        num_prompt_tokens=first.num_prompt_tokens,
+    )
+
 
 class GenerateClient(Protocol):
     """What a loop needs from the rollout servers (``ServerClient`` implements it)."""
@@ -63,8 +77,26 @@ class AgentLoopBase(ABC):
         return self.context.renderer
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> TokenOutput:
-        """One model turn on this episode's replica."""
-        return await self.context.client.generate(self.context.session_id, prompt_ids, sampling)
+        """One model turn on this episode's replica.
+
+        A turn aborted by a weight swap (``pause(abort)``) is resubmitted with its partial
+        tokens as prefix (partial rollout) and the pieces are joined, so nothing sampled is
+        thrown away; each resubmission is counted in ``metrics["partial_rollouts"]``.
+        """
+        client, session = self.context.client, self.context.session_id
+        out = await client.generate(session, prompt_ids, sampling)
+        for _ in range(MAX_PARTIAL_RESUBMITS):
+            remaining = sampling.max_tokens - len(out.token_ids)
+            if out.finish_reason != "abort" or remaining <= 0:
+                break
+            self.context.metrics["partial_rollouts"] = (
+                self.context.metrics.get("partial_rollouts", 0) + 1
+            )
+            more = await client.generate(
+                session, prompt_ids + out.token_ids, replace(sampling, max_tokens=remaining)
+            )
+            out = join_outputs(out, more)
+        return out
 
     async def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt ids for ``messages`` (with the tools), rendered off the event loop."""

@@ -90,12 +90,15 @@ class AgentLoopWorker:
         async with self._slots:
             start = time.perf_counter()
             try:
-                loop = get_agent_loop(agent_name)(self._context(request.episode_id))
+                context = self._context(request.episode_id)
+                loop = get_agent_loop(agent_name)(context)
                 outputs = await asyncio.wait_for(
                     loop.run(request.row, request.sampling),
                     timeout=self.config.rollout.loop_timeout_s,
                 )
                 result.outputs = outputs if isinstance(outputs, list) else [outputs]
+                for output in result.outputs:
+                    output.metrics.update(context.metrics)
             except TimeoutError:
                 result.error = f"episode timed out after {self.config.rollout.loop_timeout_s:g} s"
             except Exception as exc:
