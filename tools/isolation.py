@@ -155,7 +155,10 @@ def wrap_command(
     if info.level is Isolation.UNSHARE:
         userns = ["--map-current-user"] if info.run_as_uid is None else []
         namespaces = ["--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child"]
-        return ["unshare", *userns, *namespaces, "--", *inner]
+        # A shell as pid 1: the code gets normal signal handling (pid 1 ignores SIGXCPU), and a
+        # signal death comes back as exit status 128 + signal, which unshare cannot pass on.
+        shell = ["/bin/sh", "-c", '"$@"; exit $?', "sh"]
+        return ["unshare", *userns, *namespaces, "--", *shell, *inner]
     return inner
 
 

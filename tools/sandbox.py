@@ -252,7 +252,7 @@ class Sandbox:
 
     def _signal_error(self, info: IsolationInfo, returncode: int) -> str | None:
         signum = -returncode if returncode < 0 else None
-        if info.level is Isolation.BWRAP and returncode > 128:  # bwrap reports 128 + signal
+        if info.level is not Isolation.PROCESS and returncode > 128:  # pid 1 reports 128 + signal
             signum = returncode - 128
         if signum is None:
             return None
