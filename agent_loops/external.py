@@ -112,9 +112,7 @@ class ExternalAgentLoop(AgentLoopBase):
         return None
 
     def _external_config(self) -> ExternalAgentConfig:
-        cfg = getattr(self.config, "external", None)
-        if not isinstance(cfg, ExternalAgentConfig):
-            raise ExternalAgentError("agent `external` needs a rollout.external section")
+        cfg = self.config.external
         if (cfg.entrypoint is None) == (cfg.command is None):
             raise ExternalAgentError(
                 "rollout.external needs exactly one of `entrypoint` (pkg.module:function) "

@@ -36,6 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
     init_ray(cfg.ray)
     client = start_rollout_servers(cfg.model, cfg.server)
+    if cfg.gateway.enabled:
+        from agentrl.server.gateway.deployment import start_gateway
+
+        logger.info("gateway: %s", start_gateway(cfg.gateway, cfg.model, cfg.server))
     try:
         if args.demo:
             from transformers import AutoTokenizer
@@ -51,7 +55,29 @@ def _serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 stop.wait()
     finally:
+        if cfg.gateway.enabled:
+            from agentrl.server.gateway.deployment import stop_gateway
+
+            stop_gateway(cfg.gateway)
         stop_rollout_servers(cfg.server)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentrl.trainer.async_trainer import AsyncTrainer
+    from agentrl.trainer.trainer import Trainer
+
+    cfg = _load(args)
+    if not cfg.model.path:
+        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
+    trainer_cls = Trainer if args.sync else AsyncTrainer
+    trainer = trainer_cls(cfg)
+    trainer.setup()
+    try:
+        history = asyncio.run(trainer.fit())
+    finally:
+        trainer.shutdown()
+    logger.info("trained %d steps; run directory %s", len(history), cfg.trainer.run_dir)
     return 0
 
 
@@ -75,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--demo", action="store_true", help="run scripted multi-turn sessions, print, exit"
     )
     serve.set_defaults(run=_serve)
+
+    train = commands.add_parser(
+        "train",
+        help="train a policy (rollout servers + agent loops + FSDP2 workers)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=CONFIG_HELP + options,
+    )
+    train.add_argument("config", nargs="?", help="YAML config file (omit for all defaults)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+    train.add_argument(
+        "--sync",
+        action="store_true",
+        help="the synchronous trainer (default: async with trainer.max_staleness)",
+    )
+    train.set_defaults(run=_train)
     return parser
 
 

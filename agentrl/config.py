@@ -14,9 +14,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.algos.config import AlgorithmConfig
 from agentrl.data.config import DataConfig
 from agentrl.reward.config import RewardConfig
+from agentrl.server.gateway.config import GatewayConfig
 from agentrl.trainer.config import WorkersConfig
 
 
@@ -120,6 +122,11 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: int = Field(-1, description="Top-k sampling (-1 = off).")
+    seed: int | None = Field(
+        None,
+        description="Base sampling seed; each episode derives its own from it (reproducible "
+        "rollouts on engines that honour seeds: HFEngine, vLLM on GPU). None = unseeded.",
+    )
     max_prompt_length: int = Field(1024, ge=1, description="Longest prompt in tokens.")
     max_response_length: int = Field(
         1024,
@@ -162,6 +169,7 @@ class RolloutConfig(_Section):
         900.0, gt=0, description="Time limit of one episode; a timed-out episode fails."
     )
     worker_num_cpus: float = Field(0.0, ge=0, description="Ray CPUs per agent-loop worker.")
+    external: ExternalAgentConfig = Field(default_factory=ExternalAgentConfig)
 
 
 class TrainerConfig(_Section):
@@ -217,6 +225,7 @@ class AgentRLConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.agent_loops.output import AgentLoopOutput
@@ -47,11 +47,25 @@ class EpisodeResult:
 def make_requests(
     rows: list[dict[str, Any]], n: int, sampling: SamplingParams, first_row_index: int = 0
 ) -> list[EpisodeRequest]:
-    """``n`` episode requests per row, rows in order, samples of a row adjacent."""
+    """``n`` episode requests per row, rows in order, samples of a row adjacent.
+
+    With ``sampling.seed`` set, each episode gets its own seed derived from it and the
+    episode's (row index, sample index), so a rerun samples the same tokens.
+    """
     requests = []
     for offset, row in enumerate(rows):
         group_id = new_id("grp-")
+        index = first_row_index + offset
         requests.extend(
-            EpisodeRequest(row, first_row_index + offset, k, group_id, sampling) for k in range(n)
+            EpisodeRequest(row, index, k, group_id, _episode_sampling(sampling, index, k))
+            for k in range(n)
         )
     return requests
+
+
+def _episode_sampling(
+    sampling: SamplingParams, row_index: int, sample_index: int
+) -> SamplingParams:
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + row_index * 1009 + sample_index))

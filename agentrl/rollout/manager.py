@@ -48,6 +48,7 @@ class AgentLoopManager:
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
+            seed=rollout.seed,
         )
 
     def submit(self, request: EpisodeRequest) -> ray.ObjectRef:

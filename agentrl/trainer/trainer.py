@@ -60,6 +60,7 @@ class Trainer:
         self.run_dir = Path(cfg.trainer.run_dir)
         self.step = 0
         self.version = 0
+        self.trained_episodes: set[str] = set()
 
     # -- setup -------------------------------------------------------------------------
 
@@ -137,7 +138,12 @@ class Trainer:
         self, rows: list[dict[str, Any]]
     ) -> tuple[list[EpisodeResult], dict[str, dict[str, Any]]]:
         """``rollout.n`` episodes per row with the current policy."""
-        requests = make_requests(rows, self.cfg.rollout.n, self.manager.default_sampling())
+        requests = make_requests(
+            rows,
+            self.cfg.rollout.n,
+            self.manager.default_sampling(),
+            first_row_index=self.step * self.cfg.data.train_batch_size,
+        )
         episodes = [e async for e in self.manager.stream_requests(requests)]
         return episodes, _rows_by_group(requests)
 
@@ -148,6 +154,12 @@ class Trainer:
         metrics: dict[str, float],
     ) -> dict[str, float]:
         """Reward → batch → log-probs → advantages → update → push weights."""
+        episodes = sorted(episodes, key=lambda e: (e.row_index, e.sample_index))
+        repeated = self.trained_episodes.intersection(e.episode_id for e in episodes)
+        if repeated:
+            raise RuntimeError(f"episodes delivered twice to the trainer: {sorted(repeated)[:5]}")
+        self.trained_episodes.update(e.episode_id for e in episodes)
+        metrics["trainer/episodes"] = float(len(episodes))
         with timer(metrics, "reward"):
             samples, reward_metrics = await score_episodes(
                 episodes, row_of, self.rewards, self.tokenizer

@@ -1,0 +1,119 @@
+"""``AsyncTrainer``: rollout and training overlap, bounded by the staleness rule.
+
+A producer task keeps starting episode groups whenever ``TrajectoryQueue`` allows it
+(``(η + version + 1)·B − (accepted + running)``); the trainer takes complete groups,
+updates, and pushes weights while generation goes on (``pause(keep)`` holds in-flight
+requests for the swap only). η = ``trainer.max_staleness``: 0 is the synchronous loop,
+1 one-step-off-policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import ray
+
+from agentrl.rollout.episode import EpisodeRequest, make_requests
+from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.trainer.trainer import Trainer, timer
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncTrainer(Trainer):
+    """The same steps as ``Trainer``; generation runs ahead by up to η versions."""
+
+    async def fit(self) -> list[dict[str, float]]:
+        cfg = self.cfg
+        queue = (
+            ray.remote(TrajectoryQueue)
+            .options(max_concurrency=1000)
+            .remote(
+                batch_groups=cfg.data.train_batch_size,
+                group_size=cfg.rollout.n,
+                max_staleness=cfg.trainer.max_staleness,
+                max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
+                stale_policy=cfg.trainer.stale_policy,
+            )
+        )
+        await queue.set_version.remote(self.version)
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._gen_clock = _BusyClock()
+        producer = asyncio.create_task(self._produce(queue))
+        history = []
+        try:
+            await self._maybe_validate(force=True)
+            while self.step < cfg.trainer.total_steps:
+                metrics: dict[str, float] = {}
+                with timer(metrics, "step"):
+                    with timer(metrics, "wait_for_batch"):
+                        batch = await queue.get_batch.remote()
+                    if batch is None:
+                        break
+                    metrics |= batch.metrics
+                    metrics |= await self.train_on(batch.episodes, self._rows, metrics)
+                    await queue.set_version.remote(self.version)
+                    for group in batch.groups:
+                        self._rows.pop(group[0].group_id, None)
+                metrics["timing/gen"] = self._gen_clock.take()
+                history.append(await self._finish_step(metrics))
+        finally:
+            await queue.close.remote()
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+        self.save_checkpoint()
+        return history
+
+    async def _produce(self, queue: ray.actor.ActorHandle) -> None:
+        """Start groups as the staleness rule allows; put each episode when it finishes."""
+        clock = _BusyClock()
+        self._gen_clock = clock
+        next_row_index = self.step * self.cfg.data.train_batch_size
+        rows: list[dict[str, Any]] = []
+        while True:
+            await queue.wait_for_capacity.remote()
+            for _ in range(await queue.reserve.remote(max_groups=self.cfg.data.train_batch_size)):
+                rows = rows or list(self.loader.next_batch())
+                group = make_requests(
+                    [rows.pop(0)],
+                    self.cfg.rollout.n,
+                    self.manager.default_sampling(),
+                    first_row_index=next_row_index,
+                )
+                next_row_index += 1
+                self._rows[group[0].group_id] = group[0].row
+                for request in group:
+                    clock.track(asyncio.create_task(self._run_one(request, queue)))
+
+    async def _run_one(self, request: EpisodeRequest, queue: ray.actor.ActorHandle) -> None:
+        await queue.put.remote(await self.manager.submit(request))
+
+
+class _BusyClock:
+    """Seconds during which at least one tracked task was running."""
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task] = set()
+        self._since = 0.0
+        self._busy = 0.0
+
+    def track(self, task: asyncio.Task) -> None:
+        if not self._running:
+            self._since = time.perf_counter()
+        self._running.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        if not self._running:
+            self._busy += time.perf_counter() - self._since
+
+    def take(self) -> float:
+        """Busy seconds since the last call (including the current busy stretch)."""
+        now = time.perf_counter()
+        busy = self._busy + (now - self._since if self._running else 0.0)
+        self._busy, self._since = 0.0, now
+        return busy
