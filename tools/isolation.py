@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePosixPath
 
-__all__ = ["Isolation", "IsolationInfo", "detect_isolation", "wrap_command"]
+__all__ = ["Isolation", "IsolationInfo", "detect_isolation", "interpreter_binds", "wrap_command"]
 
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin")
 """Host directories bound read-only into a bubblewrap sandbox."""

@@ -55,8 +55,8 @@ _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaph
 def set_max_concurrency(limit: int) -> None:
     """Cap how many sandboxes run at once in this process (default: the CPU count).
 
-    Call it before running sandboxes; event loops that already ran one keep
-    their old limit.
+    Applies to runs that start afterwards; runs already in flight are not
+    counted against the new limit.
     """
     global _max_concurrency
     if limit < 1:
@@ -191,7 +191,7 @@ class Sandbox:
         # also waits for the pipes to close, which a paused reader or a leftover never does.
         async with stdout.pipe() as out_fd, stderr.pipe() as err_fd:
             with tempfile.TemporaryFile() as stdin:
-                stdin.write(code.encode())
+                stdin.write(code.encode(errors="replace"))
                 stdin.seek(0)
                 start = time.monotonic()
                 try:
