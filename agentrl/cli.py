@@ -89,27 +89,26 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     options = "\n  ".join(describe_config())
 
-    serve = commands.add_parser(
-        "serve",
-        help="start the rollout servers (Ray Serve + vLLM) without training",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=CONFIG_HELP + options,
-    )
-    serve.add_argument("config", nargs="?", help="YAML config file (omit for all defaults)")
-    serve.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+    def config_command(name: str, help_text: str):
+        command = commands.add_parser(
+            name,
+            help=help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=CONFIG_HELP + options,
+        )
+        command.add_argument("config", nargs="?", help="YAML config file (omit for defaults)")
+        command.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+        return command
+
+    serve = config_command("serve", "start the rollout servers (Ray Serve + vLLM), no training")
     serve.add_argument(
         "--demo", action="store_true", help="run scripted multi-turn sessions, print, exit"
     )
     serve.set_defaults(run=_serve)
 
-    train = commands.add_parser(
-        "train",
-        help="train a policy (rollout servers + agent loops + FSDP2 workers)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=CONFIG_HELP + options,
+    train = config_command(
+        "train", "train a policy (rollout servers + agent loops + FSDP2 workers)"
     )
-    train.add_argument("config", nargs="?", help="YAML config file (omit for all defaults)")
-    train.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
     train.add_argument(
         "--sync",
         action="store_true",

@@ -22,17 +22,15 @@ from hypothesis import strategies as st
 from ray import serve
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.base import AgentLoopContext
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig, load_config
-from agentrl.ids import new_id
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, start_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
-from agentrl.tools.parsers import get_tool_parser
+from agentrl.testing.context import loop_context
 
 pytestmark = pytest.mark.integration
 
@@ -315,23 +313,9 @@ print(json.dumps(0.5))
 """
 
 
-class _RolloutWithExternal(RolloutConfig):
-    """``rollout`` with the ``external`` section (until agentrl.config carries it)."""
-
-    external: ExternalAgentConfig | None = None
-
-
 async def _run_external(tokenizer, external: ExternalAgentConfig):
-    rollout = _RolloutWithExternal(external=external, max_response_length=200)
-    context = AgentLoopContext(
-        client=None,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer),
-        tools={},
-        tool_parser=get_tool_parser("hermes"),
-        config=rollout,
-        session_id=new_id("ep-"),
-    )
+    rollout = RolloutConfig(external=external, max_response_length=200)
+    context = loop_context(tokenizer, config=rollout)
     row = {"prompt": [{"role": "user", "content": "What is 2 + 40?"}], "data_source": "t"}
     return context.session_id, await ExternalAgentLoop(context).run(row, SamplingParams())
 

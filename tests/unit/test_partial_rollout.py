@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.base import AgentLoopContext
-from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.single_turn import SingleTurnAgentLoop
 from agentrl.config import RolloutConfig
 from agentrl.server.types import SamplingParams, TokenOutput
-from agentrl.tools.parsers import get_tool_parser
+from agentrl.testing.context import loop_context
 
 
 class AbortingClient:
@@ -32,14 +30,8 @@ class AbortingClient:
 async def test_aborted_turn_is_continued_and_joined(tiny_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     client = AbortingClient(tokenizer.eos_token_id)
-    context = AgentLoopContext(
-        client=client,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer),
-        tools={},
-        tool_parser=get_tool_parser("hermes"),
-        config=RolloutConfig(max_response_length=20),
-        session_id="s",
+    context = loop_context(
+        tokenizer, client, config=RolloutConfig(max_response_length=20), session_id="s"
     )
     out = await SingleTurnAgentLoop(context).run(
         {"prompt": [{"role": "user", "content": "hi"}]}, SamplingParams(max_tokens=20)

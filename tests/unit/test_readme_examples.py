@@ -7,12 +7,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.base import AgentLoopContext
-from agentrl.agent_loops.chat import ChatRenderer
-from agentrl.config import RolloutConfig
 from agentrl.server.types import SamplingParams
+from agentrl.testing.context import loop_context
 from agentrl.testing.scripted import ScriptedClient
-from agentrl.tools.parsers import get_tool_parser
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -29,15 +26,7 @@ async def test_custom_agent_loop_example_runs(tiny_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     eos = tokenizer.eos_token_id
     client = ScriptedClient(lambda session, turn, prompt: [10 + turn, 20, eos])
-    context = AgentLoopContext(
-        client=client,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer),
-        tools={},
-        tool_parser=get_tool_parser("hermes"),
-        config=RolloutConfig(),
-        session_id="readme",
-    )
+    context = loop_context(tokenizer, client, session_id="readme")
     loop = namespace["TwoDrafts"](context)
     out = await loop.run({"prompt": [{"role": "user", "content": "2+2?"}]}, SamplingParams())
     assert len(client.calls) == 2

@@ -9,17 +9,15 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.base import AgentLoopContext
-from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.output import ENV_TOKEN_VERSION
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.agent_loops.tool_agent import ToolAgentLoop
 from agentrl.agent_loops.tool_calls import TRUNCATION_MARKER, truncate_response
 from agentrl.config import RolloutConfig
 from agentrl.server.types import SamplingParams
+from agentrl.testing.context import loop_context
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.tools import BaseTool, ToolResponse
-from agentrl.tools.parsers import get_tool_parser
 
 SAMPLING = SamplingParams(max_tokens=256, temperature=1.0)
 ADD_SCHEMA = {
@@ -93,14 +91,8 @@ def _loop(tokenizer, turns: list[str], *, template: str | None = None, **overrid
     if template is not None:
         tokenizer = _with_template(tokenizer, template)
     tools = _tools()
-    context = AgentLoopContext(
-        client=ScriptedClient(script),
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer, [t.tool_schema.to_dict() for t in tools.values()]),
-        tools=tools,
-        tool_parser=get_tool_parser("hermes"),
-        config=config,
-        session_id="episode-1",
+    context = loop_context(
+        tokenizer, ScriptedClient(script), tools=tools, config=config, session_id="episode-1"
     )
     return ToolAgentLoop(context)
 

@@ -10,20 +10,11 @@ import openai
 import pytest
 import uvicorn
 
-from agentrl.agent_loops.base import AgentLoopContext
-from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentError, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig
-from agentrl.ids import new_id
 from agentrl.server.types import SamplingParams
-from agentrl.tools.parsers import get_tool_parser
-
-
-class _RolloutWithExternal(RolloutConfig):
-    """``rollout`` with the ``external`` section (until agentrl.config carries it)."""
-
-    external: ExternalAgentConfig | None = None
+from agentrl.testing.context import loop_context
 
 
 @pytest.fixture
@@ -62,16 +53,8 @@ class ScoredLoop(ExternalAgentLoop):
 
 
 async def run_loop(tokenizer, loop_cls=ExternalAgentLoop, **external):
-    rollout = _RolloutWithExternal(external=ExternalAgentConfig(**external))
-    context = AgentLoopContext(
-        client=None,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer),
-        tools={},
-        tool_parser=get_tool_parser("hermes"),
-        config=rollout,
-        session_id=new_id("ep-"),
-    )
+    rollout = RolloutConfig(external=ExternalAgentConfig(**external))
+    context = loop_context(tokenizer, config=rollout)
     row = {"prompt": [{"role": "user", "content": "What is 2 + 40?"}]}
     return await loop_cls(context).run(row, SamplingParams())
 
