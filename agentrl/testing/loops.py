@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopBase
@@ -13,7 +14,8 @@ FOLLOW_UPS = ("Go on.", "And then?", "Finish.")
 
 
 class MultiTurnChatLoop(AgentLoopBase):
-    """Three model turns separated by fixed user messages (mask 0), within the budget.
+    """Three model turns of at most a third of the budget each, separated by fixed user
+    messages (mask 0).
 
     Use as ``rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop``.
     """
@@ -22,8 +24,9 @@ class MultiTurnChatLoop(AgentLoopBase):
         messages = [dict(m) for m in sample["prompt"]]
         trajectory = TrajectoryBuilder(await self.apply_chat_template(messages))
         budget = self.config.max_response_length
+        per_turn = max(1, budget // 3)
         for follow_up in (*FOLLOW_UPS[:2], None):
-            room = budget - trajectory.response_length
+            room = min(per_turn, budget - trajectory.response_length)
             out = await self.generate(trajectory.ids, self.turn_sampling(sampling, room))
             trajectory.add_model_turn(out)
             if follow_up is None or trajectory.response_length >= budget:
@@ -37,3 +40,17 @@ class MultiTurnChatLoop(AgentLoopBase):
             if trajectory.response_length >= budget:
                 break
         return trajectory.build(max_response_length=budget)
+
+
+class FixedLengthLoop(AgentLoopBase):
+    """One turn of exactly ``extra_info["response_tokens"]`` tokens (long-tail benchmarks).
+
+    Use as ``rollout.agent_name=agentrl.testing.loops:FixedLengthLoop``.
+    """
+
+    async def run(self, sample: dict[str, Any], sampling: SamplingParams) -> AgentLoopOutput:
+        length = int((sample.get("extra_info") or {}).get("response_tokens", sampling.max_tokens))
+        trajectory = TrajectoryBuilder(await self.apply_chat_template(sample["prompt"]))
+        turn = replace(sampling, max_tokens=length, ignore_eos=True)
+        trajectory.add_model_turn(await self.generate(trajectory.ids, turn))
+        return trajectory.build()

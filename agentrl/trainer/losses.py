@@ -5,7 +5,7 @@ loss = policy loss (the configured ``loss_mode``, rollout-IS weights applied per
        − entropy_coeff · entropy             if ``entropy_coeff > 0``
 
 Each term is normalised by the mini-batch's global token or sequence count, as the
-worker's micro-batching requires.
+worker's micro-batching requires. Metric names carry no prefix: the worker adds ``actor/``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def make_actor_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
             denominator=denominator,
         )
         loss = out.loss
-        metrics: dict[str, float | Tensor] = {f"actor/{k}": v for k, v in out.metrics.items()}
-        metrics["actor/pg_loss"] = out.loss.detach()
+        metrics: dict[str, float | Tensor] = dict(out.metrics)
+        metrics["pg_loss"] = out.loss.detach()
         if cfg.kl.use_kl_loss:
             kl = kl_loss(
                 log_probs,
@@ -59,10 +59,10 @@ def make_actor_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
                 denominator=denominator,
             )
             loss = loss + cfg.kl.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = kl.detach()
+            metrics["kl_loss"] = kl.detach()
         if entropy is not None:
             ent = agg_loss(entropy, mask, mode, norm_constant=norm, denominator=denominator)
-            metrics["actor/entropy"] = ent.detach()
+            metrics["entropy"] = ent.detach()
             if cfg.kl.entropy_coeff > 0:
                 loss = loss - cfg.kl.entropy_coeff * ent
         return loss, metrics

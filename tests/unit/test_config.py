@@ -71,7 +71,11 @@ def test_every_field_has_a_description():
 def test_shipped_configs_validate():
     from pathlib import Path
 
-    for path in sorted(Path(__file__).parents[2].glob("configs/*.yaml")):
+    root = Path(__file__).parents[2]
+    paths = sorted([*root.glob("configs/*.yaml"), *root.glob("recipes/*/*.yaml")])
+    configs = [p for p in paths if p.name != "tools.yaml"]
+    assert len(configs) >= 4
+    for path in configs:
         load_config(path)
 
 
