@@ -38,3 +38,15 @@ async def test_custom_agent_loop_example_runs(tiny_checkpoint):
         == "\n<|im_start|>user\nPlease double-check your answer.<|im_end|>\n<|im_start|>assistant\n"
     )
     assert out.response_mask == [1, 1, 1] + [0] * (len(out.response_ids) - 6) + [1, 1, 1]
+
+
+async def test_tool_decorator_example_runs():
+    namespace: dict = {}
+    exec(compile(_python_block_after("## Tools"), "README.md", "exec"), namespace)
+    lookup = namespace["lookup"]
+    schema = lookup.tool_schema.to_dict()["function"]
+    assert schema["name"] == "lookup"
+    assert schema["parameters"]["properties"]["unit"]["enum"] == ["c", "f"]
+    assert schema["parameters"]["required"] == ["city"]
+    response, _, _ = await lookup.execute("i", {"city": "Paris", "unit": "f"})
+    assert response.text == "21 degrees f in Paris"
