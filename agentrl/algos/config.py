@@ -137,6 +137,9 @@ class AlgorithmConfig(_Section):
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (GAE, REINFORCE++).")
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
+    value_clip: float = Field(
+        0.5, gt=0, description="GAE critic: clip range of new values around the old ones."
+    )
     norm_adv_by_std_in_grpo: bool = Field(
         True, description="GRPO: divide by the group std (False gives Dr.GRPO's advantage)."
     )

@@ -18,6 +18,8 @@ import ray
 
 from agentrl.rollout.episode import EpisodeRequest, make_requests
 from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.trainer.batch import Sample
+from agentrl.trainer.steps import informative_samples
 from agentrl.trainer.trainer import Trainer, timer
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,12 @@ class AsyncTrainer(Trainer):
             await asyncio.gather(producer, return_exceptions=True)
         self.save_checkpoint()
         return history
+
+    async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
+        """Dynamic sampling drops uninformative groups; the producer never regenerates."""
+        kept, dropped = informative_samples(samples)
+        metrics["dapo/filtered_groups"] = float(dropped)
+        return kept
 
     async def _produce(self, queue: ray.actor.ActorHandle) -> None:
         """Start groups as the staleness rule allows; put each episode when it finishes."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from agentrl.algos import AlgorithmConfig, agg_loss, get_policy_loss, kl_loss
-from agentrl.trainer.micro_batch import Metrics, MicroBatch, PolicyLossFn
+from agentrl.algos import AlgorithmConfig, agg_loss, get_policy_loss, kl_loss, value_loss
+from agentrl.trainer.micro_batch import Metrics, MicroBatch, PolicyLossFn, ValueLossFn
 
 
 def _denominator(mode: str, micro_batch: MicroBatch) -> int:
@@ -66,5 +66,25 @@ def make_actor_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
             if cfg.kl.entropy_coeff > 0:
                 loss = loss - cfg.kl.entropy_coeff * ent
         return loss, metrics
+
+    return loss_fn
+
+
+def make_critic_loss(cfg: AlgorithmConfig) -> ValueLossFn:
+    """The clipped value loss ``loss_fn(values, micro_batch)`` for ``update_critic``."""
+    mode = cfg.policy_loss.loss_agg_mode
+
+    def loss_fn(values: Tensor, micro_batch: MicroBatch) -> tuple[Tensor, Metrics]:
+        out = value_loss(
+            values,
+            micro_batch["values"],
+            micro_batch["returns"],
+            micro_batch["response_mask"],
+            cfg.value_clip,
+            mode,
+            norm_constant=cfg.policy_loss.loss_agg_norm_constant,
+            denominator=_denominator(mode, micro_batch),
+        )
+        return out.loss, {"value_loss": out.loss.detach(), **out.metrics}
 
     return loss_fn

@@ -16,9 +16,12 @@ import torch
 from agentrl.algos import (
     AdvantageInputs,
     AlgorithmConfig,
+    KLController,
+    apply_kl_penalty,
     compute_advantages,
     compute_mismatch_metrics,
     compute_rollout_is_weights,
+    filter_groups,
     overlong_penalty,
     scores_to_token_rewards,
 )
@@ -118,10 +121,31 @@ def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, fl
     return metrics
 
 
+def informative_samples(samples: list[Sample]) -> tuple[list[Sample], int]:
+    """DAPO dynamic sampling: drop groups whose samples all got the same score.
+
+    Returns the kept samples and the number of groups dropped.
+    """
+    if not samples:
+        return samples, 0
+    scores = torch.tensor([s.score for s in samples])
+    keep = filter_groups(scores, [s.group_id for s in samples]).tolist()
+    kept = [s for s, k in zip(samples, keep, strict=True) if k]
+    dropped = len({s.group_id for s in samples}) - len({s.group_id for s in kept})
+    return kept, dropped
+
+
 def add_advantages(
-    batch: Batch, group_ids: list[str], cfg: AlgorithmConfig, max_response_length: int
+    batch: Batch,
+    group_ids: list[str],
+    cfg: AlgorithmConfig,
+    max_response_length: int,
+    kl_controller: KLController | None = None,
 ) -> dict[str, float]:
-    """Token rewards (+ overlong shaping) → advantages and returns, added to ``batch``."""
+    """Token rewards (+ overlong shaping, − in-reward KL) → advantages and returns.
+
+    Results go into ``batch``; the in-reward KL needs ``batch["ref_log_probs"]``.
+    """
     scores = batch["scores"].clone()
     mask = batch["response_mask"]
     if cfg.overlong.enable:
@@ -129,8 +153,20 @@ def add_advantages(
         scores = scores + overlong_penalty(
             lengths, max_response_length, cfg.overlong.buffer_length, cfg.overlong.penalty_factor
         )
+    token_rewards = scores_to_token_rewards(scores, mask)
+    metrics: dict[str, float] = {}
+    if kl_controller is not None:
+        token_rewards, kl_metrics = apply_kl_penalty(
+            token_rewards,
+            batch["old_log_probs"],
+            batch["ref_log_probs"],
+            mask,
+            kl_controller,
+            cfg.kl.kl_penalty,
+        )
+        metrics |= {f"actor/reward_{k}": float(v) for k, v in kl_metrics.items()}
     inputs = AdvantageInputs(
-        token_level_rewards=scores_to_token_rewards(scores, mask),
+        token_level_rewards=token_rewards,
         response_mask=mask,
         index=group_ids,
         values=batch.get("values"),
@@ -139,7 +175,7 @@ def add_advantages(
     batch["advantages"] = result.advantages.float()
     batch["returns"] = result.returns.float()
     valid = mask.bool()
-    return {
+    return metrics | {
         "critic/score/mean": float(scores.mean()),
         "critic/advantages/mean": float(result.advantages[valid].mean()) if valid.any() else 0.0,
         "critic/advantages/max": float(result.advantages[valid].max()) if valid.any() else 0.0,

@@ -30,12 +30,13 @@ from agentrl.server.types import SamplingParams
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.dispatch import Batch
-from agentrl.trainer.group import ActorGroup, ReferenceGroup
-from agentrl.trainer.losses import make_actor_loss
+from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
+from agentrl.trainer.losses import make_actor_loss, make_critic_loss
 from agentrl.trainer.samples import write_samples
 from agentrl.trainer.steps import (
     add_advantages,
     apply_rollout_correction,
+    informative_samples,
     score_episodes,
     staleness_metrics,
 )
@@ -94,8 +95,18 @@ class Trainer:
             if kl.use_kl_loss or kl.use_kl_in_reward
             else None
         )
+        critic_cfg = cfg.workers.critic
+        self.critic = (
+            CriticGroup(
+                critic_cfg, critic_cfg.model_path or cfg.model.path, total_training_steps=total
+            )
+            if cfg.algorithm.adv_estimator == "gae"
+            else None
+        )
+        self.kl_controller = kl.make_controller() if kl.use_kl_in_reward else None
         self.rewards = RewardManager.from_config(cfg.reward)
         self.loss_fn = make_actor_loss(cfg.algorithm)
+        self.critic_loss_fn = make_critic_loss(cfg.algorithm)
         self.sync = ObjectStoreSync(
             self.client,
             bucket_bytes=int(cfg.trainer.weight_sync_bucket_mb * 1024**2),
@@ -111,8 +122,9 @@ class Trainer:
         self.rewards.close()
         self.manager.shutdown()
         self.actor.shutdown()
-        if self.ref is not None:
-            self.ref.shutdown()
+        for group in (self.ref, self.critic):
+            if group is not None:
+                group.shutdown()
         stop_rollout_servers(self.cfg.server)
 
     # -- the loop ----------------------------------------------------------------------
@@ -165,6 +177,8 @@ class Trainer:
                 episodes, row_of, self.rewards, self.tokenizer
             )
         metrics |= reward_metrics
+        if self.cfg.algorithm.dynamic_sampling.enable:
+            samples = await self.informative(samples, metrics)
         if len(samples) < self.cfg.workers.actor.world_size:
             logger.warning(
                 "step %d: only %d usable samples, skipping update", self.step, len(samples)
@@ -180,16 +194,46 @@ class Trainer:
                 batch["ref_log_probs"] = (
                     await asyncio.to_thread(self.ref.compute_log_prob, batch)
                 )["log_probs"]
+        if self.critic is not None:
+            with timer(metrics, "values"):
+                batch["values"] = (await asyncio.to_thread(self.critic.compute_values, batch))[
+                    "values"
+                ]
         metrics |= add_advantages(
-            batch, group_ids, self.cfg.algorithm, self.cfg.rollout.max_response_length
+            batch,
+            group_ids,
+            self.cfg.algorithm,
+            self.cfg.rollout.max_response_length,
+            self.kl_controller,
         )
         with timer(metrics, "train"):
+            if self.critic is not None:
+                metrics |= await asyncio.to_thread(
+                    self.critic.update_critic, batch, self.critic_loss_fn
+                )
             metrics |= await asyncio.to_thread(
                 self.actor.update_actor, batch, self.loss_fn, with_entropy=True
             )
         with timer(metrics, "weight_sync"):
             metrics |= await self.push_weights()
         return metrics
+
+    async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
+        """DAPO dynamic sampling: keep groups whose scores differ, generating more rows
+        until ``train_batch_size`` groups are kept or ``max_num_gen_batches`` is reached."""
+        wanted = self.cfg.data.train_batch_size
+        limit = self.cfg.algorithm.dynamic_sampling.max_num_gen_batches
+        kept, dropped = informative_samples(samples)
+        batches = 1
+        while len({s.group_id for s in kept}) < wanted and (not limit or batches < limit):
+            episodes, row_of = await self.generate(self.loader.next_batch())
+            more, _ = await score_episodes(episodes, row_of, self.rewards, self.tokenizer)
+            more, more_dropped = informative_samples(more)
+            kept, dropped, batches = kept + more, dropped + more_dropped, batches + 1
+        groups = list(dict.fromkeys(s.group_id for s in kept))[:wanted]
+        metrics["dapo/filtered_groups"] = float(dropped)
+        metrics["dapo/gen_batches"] = float(batches)
+        return [s for s in kept if s.group_id in set(groups)]
 
     async def push_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout replica as the next version."""

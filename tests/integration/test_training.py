@@ -42,3 +42,35 @@ async def test_grpo_run_raises_the_toy_reward(tiny_checkpoint, tmp_path_factory,
     assert (run / "metrics.jsonl").read_text().count("\n") == 10
     assert (run / "samples" / "step_1.txt").exists()
     assert (run / "checkpoints" / "step_10").exists()
+
+
+async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
+    tiny_checkpoint, tmp_path_factory, ray_session
+):
+    tmp = tmp_path_factory.mktemp("ppo")
+    extra = [
+        "algorithm.adv_estimator=gae",
+        "algorithm.gamma=1.0",
+        "algorithm.lam=0.95",
+        "algorithm.kl.use_kl_in_reward=true",
+        "algorithm.kl.kl_coef=0.01",
+        "algorithm.dynamic_sampling.enable=true",
+        "workers.ref.num_cpus_per_worker=0",
+        "workers.critic.world_size=2",
+        "workers.critic.num_cpus_per_worker=0",
+        "workers.critic.mini_batch_size=16",
+    ]
+    trainer = Trainer(toy_config(tiny_checkpoint, tmp, steps=3, extra=extra))
+    trainer.setup()
+    try:
+        history = await trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert len(history) == 3
+    for h in history:
+        assert np.isfinite(h["critic/value_loss"]) and np.isfinite(h["actor/loss"])
+        assert "actor/reward_kl_coef" in h
+        assert h["dapo/gen_batches"] >= 1
+    # The KL penalty starts at 0 (policy == reference) and grows once the policy moves.
+    assert history[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert history[-1]["actor/reward_kl_penalty"] > 0
