@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from rich.logging import RichHandler
 
@@ -81,6 +82,60 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from agentrl.evaluate import evaluate, format_result
+
+    cfg = _load(args)
+    if not cfg.model.path:
+        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
+    out = Path(args.out) if args.out else Path(cfg.trainer.run_dir) / "eval.json"
+    result = evaluate(cfg, args.checkpoint, out)
+    print(format_result(result, out))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from agentrl.plot import CHARTS, plot_run
+
+    try:
+        report = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as exc:
+        logger.error("%s", exc)
+        return 2
+    if not report.written:
+        logger.error(
+            "%s has none of the plotted metrics (%s)",
+            args.run_dir,
+            ", ".join(s.key for c in CHARTS for s in c.series),
+        )
+        return 1
+    print(f"plotted {', '.join(report.written)} -> {report.out_dir}")
+    if report.skipped:
+        print(f"skipped (not in the metrics): {', '.join(report.skipped)}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from agentrl.benchmarks import BenchmarkError, run_benchmark
+
+    try:
+        return run_benchmark(args.name, args.args)
+    except BenchmarkError as exc:
+        logger.error("%s", exc)
+        return 2
+
+
+def _bench_epilog() -> str:
+    from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir
+
+    try:
+        bench_dir = find_bench_dir()
+    except BenchmarkError as exc:
+        return str(exc)
+    names = available_benchmarks(bench_dir)
+    return f"benchmarks in {bench_dir}:\n  " + "\n  ".join(names)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Asynchronous agentic RL for LLMs."
@@ -115,13 +170,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="the synchronous trainer (default: async with trainer.max_staleness)",
     )
     train.set_defaults(run=_train)
+
+    evaluate = config_command(
+        "eval", "validate a checkpoint: load it, push its weights, run Trainer.validate"
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint directory (RUN_DIR/checkpoints/step_N), or a run directory "
+        "(its latest checkpoint)",
+    )
+    evaluate.add_argument(
+        "--out", help="where to write the result JSON (default: <trainer.run_dir>/eval.json)"
+    )
+    evaluate.set_defaults(run=_eval)
+
+    plot = commands.add_parser(
+        "plot",
+        help="write PNG curves (reward, accuracy, lengths, turns, tool calls, KL, staleness)",
+        description="Plot a run's metrics.jsonl: one PNG per chart with data, plus overview.png.",
+    )
+    plot.add_argument("run_dir", help="run directory holding metrics.jsonl (or the file itself)")
+    plot.add_argument("--out", help="folder for the PNGs (default: RUN_DIR/plots)")
+    plot.set_defaults(run=_plot)
+
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark script: bench/NAME.py with the remaining arguments",
+        description="Run bench/NAME.py's main() with ARGS as its command line "
+        "(`agentrl bench NAME --help` shows the benchmark's own options).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_bench_epilog(),
+    )
+    bench.add_argument("name", help="benchmark name (a script bench/NAME.py)")
+    bench.add_argument(
+        "args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark's main()"
+    )
+    bench.set_defaults(run=_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # A first positional that looks like an override is an override, not a config file.
-    if args.config and "=" in args.config:
+    if getattr(args, "config", None) and "=" in args.config:
         args.overrides.insert(0, args.config)
         args.config = None
     logging.basicConfig(

@@ -1,0 +1,75 @@
+"""``agentrl bench NAME [args...]``: run ``bench/<NAME>.py``'s ``main()`` with ``args``.
+
+The ``bench/`` folder is found in the current directory, then next to the installed
+``agentrl`` package (an editable install from the repository), or wherever
+``AGENTRL_BENCH_DIR`` points.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import runpy
+import sys
+from pathlib import Path
+
+BENCH_DIR_ENV = "AGENTRL_BENCH_DIR"
+
+
+class BenchmarkError(ValueError):
+    """No bench folder, or no benchmark of that name; the message lists what there is."""
+
+
+def find_bench_dir() -> Path:
+    """The folder holding the benchmark scripts."""
+    candidates = [Path.cwd() / "bench", Path(__file__).resolve().parents[1] / "bench"]
+    if os.environ.get(BENCH_DIR_ENV):
+        candidates.insert(0, Path(os.environ[BENCH_DIR_ENV]))
+    for candidate in candidates:
+        if candidate.is_dir() and any(candidate.glob("*.py")):
+            return candidate
+    raise BenchmarkError(
+        "no bench/ folder found (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + f"); run from the repository root or set {BENCH_DIR_ENV}"
+    )
+
+
+def available_benchmarks(bench_dir: Path) -> list[str]:
+    """Names of the scripts in ``bench_dir`` (``bench/<name>.py``, no ``_private`` ones)."""
+    return sorted(p.stem for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
+
+
+def script_path(name: str, bench_dir: Path | None = None) -> Path:
+    """``bench/<name>.py``; ``name`` may carry the ``.py`` suffix or a ``bench/`` prefix."""
+    bench_dir = bench_dir or find_bench_dir()
+    stem = Path(name).name.removesuffix(".py")
+    names = available_benchmarks(bench_dir)
+    if stem not in names:
+        raise BenchmarkError(
+            f"unknown benchmark {name!r}; available in {bench_dir}: {', '.join(names) or 'none'}"
+        )
+    return bench_dir / f"{stem}.py"
+
+
+def run_benchmark(name: str, args: list[str], bench_dir: Path | None = None) -> int:
+    """Run ``bench/<name>.py`` as ``python bench/<name>.py *args`` would: as ``__main__``
+    (so its ``if __name__ == "__main__": main()`` guard calls ``main``), with
+    ``sys.argv = [script, *args]``. Returns 0, or the status of a ``SystemExit``.
+    """
+    path = script_path(name, bench_dir)
+    tree = ast.parse(path.read_text(), str(path))
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+        raise BenchmarkError(f"{path} has no main() function")
+    saved_argv = sys.argv
+    sys.argv = [str(path), *args]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = saved_argv
+    return 0

@@ -1,0 +1,110 @@
+"""The ``agentrl`` command line: every option is described; ``bench`` runs bench scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+
+import pytest
+
+from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir, run_benchmark
+from agentrl.cli import build_parser, main
+from agentrl.config import describe_config
+
+COMMANDS = ("serve", "train", "eval", "plot", "bench")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_every_command_and_option_has_a_description():
+    parser = build_parser()
+    commands = _subparsers(parser)
+    assert set(commands) == set(COMMANDS)
+    for name, command in commands.items():
+        for action in command._actions:
+            assert action.help, (
+                f"agentrl {name}: {action.option_strings or action.dest} has no help"
+            )
+
+
+@pytest.mark.parametrize("name", ["serve", "train", "eval"])
+def test_config_commands_list_every_config_option_in_help(name):
+    text = _subparsers(build_parser())[name].format_help()
+    for line in describe_config():
+        assert line.split(" (default")[0] in text
+
+
+@pytest.fixture
+def bench_dir(tmp_path, monkeypatch):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "echo_args.py").write_text(
+        textwrap.dedent(
+            '''
+            """Writes its arguments to the file named by the first one."""
+            from __future__ import annotations
+
+            import json
+            import sys
+            from dataclasses import dataclass
+
+
+            @dataclass
+            class Result:  # a dataclass with string annotations needs its module registered
+                args: list[str]
+
+
+            def main() -> None:
+                out, *rest = sys.argv[1:]
+                with open(out, "w") as f:
+                    json.dump({"argv0": sys.argv[0], "args": Result(rest).args}, f)
+                if "--fail" in rest:
+                    sys.exit(3)
+
+
+            if __name__ == "__main__":
+                main()
+            '''
+        )
+    )
+    (bench / "_helpers.py").write_text("X = 1\n")
+    (bench / "no_main.py").write_text("print('hi')\n")
+    monkeypatch.setenv("AGENTRL_BENCH_DIR", str(bench))
+    return bench
+
+
+def test_bench_runs_the_scripts_main_with_the_remaining_arguments(bench_dir, tmp_path):
+    out = tmp_path / "out.json"
+    assert main(["bench", "echo_args", str(out), "--steps", "3", "-x"]) == 0
+    result = json.loads(out.read_text())
+    assert result == {"argv0": str(bench_dir / "echo_args.py"), "args": ["--steps", "3", "-x"]}
+
+
+def test_bench_returns_the_scripts_exit_status(bench_dir, tmp_path):
+    assert run_benchmark("echo_args.py", [str(tmp_path / "o.json"), "--fail"]) == 3
+
+
+def test_unknown_benchmark_lists_the_available_ones(bench_dir, caplog):
+    assert available_benchmarks(find_bench_dir()) == ["echo_args", "no_main"]
+    assert main(["bench", "nope"]) == 2
+    assert "unknown benchmark 'nope'" in caplog.text
+    assert "echo_args, no_main" in caplog.text
+    with pytest.raises(BenchmarkError, match="has no main"):
+        run_benchmark("no_main", [])
+
+
+def test_bench_help_names_the_available_benchmarks(bench_dir):
+    text = _subparsers(build_parser())["bench"].format_help()
+    assert f"benchmarks in {bench_dir}" in text
+    assert "echo_args" in text
+
+
+def test_the_repository_bench_folder_is_found_from_anywhere(monkeypatch, tmp_path):
+    monkeypatch.delenv("AGENTRL_BENCH_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    names = available_benchmarks(find_bench_dir())
+    assert {"prefix_affinity", "agent_loop_overhead", "async_vs_sync"} <= set(names)
