@@ -20,6 +20,7 @@ from typing import Any
 import ray
 from torch import Tensor
 
+from agentrl.placement import TrainerPlacementConfig, place_ranks
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import (
     Batch,
@@ -42,7 +43,8 @@ class WorkerGroupError(RuntimeError):
 class WorkerGroup:
     """``config.world_size`` Ray actors of ``worker_cls`` forming one process group.
 
-    Subclasses set ``worker_cls``; ``total_training_steps`` feeds the LR schedule.
+    Subclasses set ``worker_cls``; ``total_training_steps`` feeds the LR schedule;
+    ``placement`` puts the ranks in per-node placement groups (:mod:`agentrl.placement`).
     """
 
     worker_cls: type = ReferenceWorker
@@ -54,6 +56,7 @@ class WorkerGroup:
         *,
         total_training_steps: int | None = None,
         trust_remote_code: bool = False,
+        placement: TrainerPlacementConfig | None = None,
     ) -> None:
         self.config = config
         self.world_size = config.world_size
@@ -64,8 +67,11 @@ class WorkerGroup:
         remote_cls = ray.remote(num_cpus=config.num_cpus_per_worker, num_gpus=num_gpus)(
             self.worker_cls
         )
+        self.placement = place_ranks(
+            self.world_size, config.num_cpus_per_worker, num_gpus, placement, name=self.name
+        )
         self.actors = [
-            remote_cls.remote(
+            remote_cls.options(**self.placement.options(rank)).remote(
                 config,
                 model_path,
                 rank=rank,
@@ -132,6 +138,7 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+        self.placement.remove()
 
 
 class ReferenceGroup(WorkerGroup):
