@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir, run_benchmark
-from agentrl.cli import build_parser, main
+from agentrl.cli import build_parser, main, parse_args
 from agentrl.config import describe_config
 
 COMMANDS = ("serve", "train", "eval", "plot", "bench")
@@ -108,3 +108,24 @@ def test_the_repository_bench_folder_is_found_from_anywhere(monkeypatch, tmp_pat
     monkeypatch.chdir(tmp_path)
     names = available_benchmarks(find_bench_dir())
     assert {"prefix_affinity", "agent_loop_overhead", "async_vs_sync"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "c.yaml", "--sync", "trainer.total_steps=3", "rollout.n=2"],
+        ["train", "c.yaml", "trainer.total_steps=3", "--sync", "rollout.n=2"],
+        ["train", "--sync", "c.yaml", "trainer.total_steps=3", "rollout.n=2"],
+    ],
+)
+def test_overrides_may_come_before_or_after_options(argv):
+    args = parse_args(argv)
+    assert args.sync
+    assert sorted(args.overrides) == ["rollout.n=2", "trainer.total_steps=3"]
+    assert args.config == "c.yaml"
+
+
+def test_a_stray_option_is_still_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["train", "c.yaml", "--nope", "a=1"])
+    assert "unrecognized arguments: --nope" in capsys.readouterr().err
