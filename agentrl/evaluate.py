@@ -77,6 +77,7 @@ def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
 
 
 async def _validate_checkpoint(trainer: Any, checkpoint: Path) -> dict[str, float]:
+    trainer.tracker.stop_progress()  # no training steps to show
     extra = trainer.actor.load_checkpoint(str(checkpoint)) or {}
     trainer.step = int(extra.get("step", 0))
     # push_weights() sends the next version: the servers then hold the checkpoint's.

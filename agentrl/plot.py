@@ -188,8 +188,8 @@ def series_points(
     return steps, [by_step[s] for s in steps]
 
 
-def _draw(ax: Axes, chart: Chart, records: list[dict[str, Any]]) -> bool:
-    """Draw ``chart`` on ``ax``; False when none of its metrics were logged."""
+def _draw(ax: Axes, chart: Chart, records: list[dict[str, Any]]) -> None:
+    """Draw ``chart``'s series that have data on ``ax`` (and a right axis if it has one)."""
     right = ax.twinx() if any(s.right_axis for s in chart.series) else None
     lines = []
     for index, series in enumerate(chart.series):
@@ -221,10 +221,6 @@ def _draw(ax: Axes, chart: Chart, records: list[dict[str, Any]]) -> bool:
                     alpha=0.15,
                     linewidth=0,
                 )
-    if not lines:
-        if right is not None:
-            right.remove()
-        return False
     ax.set_title(chart.title)
     ax.set_xlabel("step")
     ax.set_ylabel(chart.ylabel)
@@ -233,7 +229,6 @@ def _draw(ax: Axes, chart: Chart, records: list[dict[str, Any]]) -> bool:
         right.set_ylabel(chart.right_ylabel or "")
         right.set_ylim(0, 1.05)
     ax.legend(lines, [line.get_label() for line in lines], loc="best", fontsize="small")
-    return True
 
 
 def _save(figure: Figure, path: Path) -> None:

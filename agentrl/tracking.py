@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+from rich import get_console
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -312,7 +313,7 @@ class MetricsLogger:
             except ImportError:
                 logger.info("tensorboard not installed: metrics go to JSONL and console only")
         self.backends = make_backends(self.run_dir, backends)
-        console = console or Console()
+        console = console or get_console()
         self.progress = (
             TrainingProgress(total_steps, console)
             if progress and total_steps and console.is_terminal
@@ -359,13 +360,18 @@ class MetricsLogger:
         logger.info("step %d  %s", step, shown)
         return scalars
 
+    def stop_progress(self) -> None:
+        """Remove the progress bar (console lines go on), e.g. for an evaluation."""
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
     def close(self) -> None:
         """Flush and close every sink (safe to call twice)."""
         if self._closed:
             return
         self._closed = True
-        if self.progress is not None:
-            self.progress.close()
+        self.stop_progress()
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()

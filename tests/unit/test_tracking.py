@@ -208,3 +208,25 @@ def test_from_config_builds_the_configured_sinks(tmp_path, monkeypatch):
         assert [b.name for b in tracker.backends] == ["mlflow"]
         assert tracker.progress is None
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_the_progress_bar_can_be_removed_while_logging_goes_on(tmp_path):
+    console = Console(file=io.StringIO(), force_terminal=True)
+    tracker = MetricsLogger(tmp_path, False, total_steps=4, console=console)
+    tracker.stop_progress()
+    assert tracker.progress is None
+    tracker.log(1, {"val/acc/mean": 0.5})
+    tracker.close()
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_the_default_console_is_richs_global_one_that_log_handlers_share(tmp_path, monkeypatch):
+    import rich
+
+    shared = Console(file=io.StringIO(), force_terminal=True)
+    monkeypatch.setattr(rich, "_console", shared)  # what rich.get_console() returns
+    tracker = MetricsLogger(tmp_path, False, total_steps=4)
+    assert tracker.progress is not None
+    tracker.log(1, {"reward/score/mean": 0.5})
+    tracker.close()
+    assert "1/4" in shared.file.getvalue()
