@@ -10,8 +10,8 @@ servers and runs ``Trainer.validate``: mean@k of the reward over ``data.val_file
 
 The trainer works in ``<run_dir>/eval/<checkpoint name>/`` (the resolved config and a
 ``metrics.jsonl`` of the evaluation), so the training run's own config and metrics are
-never touched; it does not resume and starts no reference model. The result is printed
-and written to ``<run_dir>/eval.json`` (or ``out``).
+never touched; it does not resume and starts no reference or critic model. The result
+is printed and written to ``<run_dir>/eval.json`` (or ``out``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
-    """``cfg`` for an evaluation of ``checkpoint``: own work dir, no resume, no reference."""
+    """``cfg`` for an evaluation of ``checkpoint``: own work dir, no resume, and no
+    reference or critic model (validation uses neither)."""
     if not cfg.data.val_files:
         raise ConfigError(
             "eval needs validation data: set data.val_files (e.g. data.val_files=[val.jsonl])"
@@ -73,6 +74,8 @@ def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
     cfg.trainer.resume = False
     cfg.algorithm.kl.use_kl_loss = False
     cfg.algorithm.kl.use_kl_in_reward = False
+    if cfg.algorithm.adv_estimator == "gae":
+        cfg.algorithm.adv_estimator = "grpo"  # validation needs no critic: start none
     return cfg
 
 

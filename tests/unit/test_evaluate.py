@@ -111,9 +111,11 @@ def test_checkpoint_is_loaded_pushed_validated_and_written_to_eval_json(run):
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_eval_config_does_not_resume_or_start_a_reference_and_leaves_the_original(run):
-    cfg = _cfg(run, "algorithm.kl.use_kl_in_reward=true")
+def test_eval_config_starts_no_reference_or_critic_and_leaves_the_original(run):
+    cfg = _cfg(run, "algorithm.kl.use_kl_in_reward=true", "algorithm.adv_estimator=gae")
     evaluated = eval_config(cfg, run / "checkpoints" / "step_7")
+    assert evaluated.algorithm.adv_estimator != "gae"  # no critic group
+    assert cfg.algorithm.adv_estimator == "gae"
     assert not evaluated.trainer.resume
     assert not evaluated.algorithm.kl.use_kl_loss
     assert not evaluated.algorithm.kl.use_kl_in_reward
