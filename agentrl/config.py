@@ -19,6 +19,7 @@ from agentrl.algos.config import AlgorithmConfig
 from agentrl.data.config import DataConfig
 from agentrl.reward.config import RewardConfig
 from agentrl.server.gateway.config import GatewayConfig
+from agentrl.tracking import TrackingConfig
 from agentrl.trainer.config import WorkersConfig
 
 
@@ -231,6 +232,7 @@ class AgentRLConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    logging: TrackingConfig = Field(default_factory=TrackingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 

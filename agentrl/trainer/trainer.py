@@ -25,6 +25,7 @@ from agentrl.data.loader import RowLoader
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
+from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
 from agentrl.server.types import SamplingParams
 from agentrl.tracking import MetricsLogger
@@ -86,6 +87,8 @@ class Trainer:
         )
         init_ray(cfg.ray)
         self.client = start_rollout_servers(cfg.model, cfg.server)
+        if cfg.gateway.enabled:  # external agents (agent_name: external) call it
+            start_gateway(cfg.gateway, cfg.model, cfg.server)
         self.manager = AgentLoopManager(cfg)
         total = cfg.trainer.total_steps
         self.actor = ActorGroup(cfg.workers.actor, cfg.model.path, total_training_steps=total)
@@ -112,7 +115,9 @@ class Trainer:
             bucket_bytes=int(cfg.trainer.weight_sync_bucket_mb * 1024**2),
             pause_mode=cfg.trainer.weight_sync_pause_mode,
         )
-        self.tracker = MetricsLogger(self.run_dir)
+        self.tracker = MetricsLogger.from_config(
+            self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
+        )
         if cfg.trainer.resume:
             self._resume()
 
@@ -125,6 +130,8 @@ class Trainer:
         for group in (self.ref, self.critic):
             if group is not None:
                 group.shutdown()
+        if self.cfg.gateway.enabled:
+            stop_gateway(self.cfg.gateway)
         stop_rollout_servers(self.cfg.server)
 
     # -- the loop ----------------------------------------------------------------------
