@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,12 @@ CONFIG_HELP = "dotted overrides, e.g. server.num_replicas=2 model.path=/ckpt. Al
 
 def _load(args: argparse.Namespace) -> AgentRLConfig:
     cfg = load_config(args.config, args.overrides)
+    # Which Ray cluster: --address, else ray.address, else $RAY_ADDRESS (set by `ray job
+    # submit` for its entrypoint), else a new local instance.
+    if args.address:
+        cfg.ray.address = args.address
+    elif cfg.ray.address is None and os.environ.get("RAY_ADDRESS"):
+        cfg.ray.address = os.environ["RAY_ADDRESS"]
     cfg.model.path = resolve_model_path(cfg.model.path)
     if cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
@@ -153,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         command.add_argument("config", nargs="?", help="YAML config file (omit for defaults)")
         command.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+        command.add_argument(
+            "--address",
+            help="Ray cluster to join (host:port or `auto`; sets ray.address). Default: "
+            "ray.address, else $RAY_ADDRESS, else start a local Ray",
+        )
         return command
 
     serve = config_command("serve", "start the rollout servers (Ray Serve + vLLM), no training")
