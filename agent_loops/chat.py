@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A fixed conversation to diff against: the delta of new messages is what the template
 # adds after a finished assistant turn.
 _BASE = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+
+
+# One thread for all template work of a process: renders and tokenizations are short and
+# hold the GIL, so more threads only add switching; the event loop stays free either way.
+_TEMPLATE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chat-template")
+
+
+async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_TEMPLATE_THREAD, fn, *args)
 
 
 class ChatTemplateError(ValueError):
@@ -78,7 +91,7 @@ class ChatRenderer:
 
     async def encode_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the initial prompt, ending with the assistant header."""
-        return await asyncio.to_thread(self.encode_messages, messages, True)
+        return await _off_loop(self.encode_messages, messages, True)
 
     def delta_text(self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool) -> str:
         """Text to append after the model's turn so the conversation continues with
@@ -106,7 +119,7 @@ class ChatRenderer:
         self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool
     ) -> list[int]:
         """Token ids of ``delta_text`` (only the new messages are tokenized)."""
-        return await asyncio.to_thread(self._encode_delta, new_messages, turn_ended_with_eos)
+        return await _off_loop(self._encode_delta, new_messages, turn_ended_with_eos)
 
     def _encode_delta(self, new_messages: list[dict[str, Any]], ended: bool) -> list[int]:
         return self.encode_text(self.delta_text(new_messages, ended))
@@ -119,7 +132,7 @@ class ChatRenderer:
         The accumulated ids must be a prefix of the render (the render may add the final
         turn's trailing newline). A mismatch is logged with its first position.
         """
-        rendered = await asyncio.to_thread(self.encode_messages, messages, False)
+        rendered = await _off_loop(self.encode_messages, messages, False)
         first = next(
             (i for i, (a, b) in enumerate(zip(accumulated_ids, rendered, strict=False)) if a != b),
             None,

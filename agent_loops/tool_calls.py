@@ -69,7 +69,10 @@ class ToolCallExecutor:
 
     async def run_turn(self, parsed: ParsedTurn) -> list[CallResult]:
         """Responses for every attempted call of the turn: valid calls, then malformed ones."""
-        results = await asyncio.gather(*(self._run_call(call) for call in parsed.calls))
+        if len(parsed.calls) == 1:  # the common case: no tasks to schedule
+            results = [await self._run_call(parsed.calls[0])]
+        else:
+            results = await asyncio.gather(*(self._run_call(call) for call in parsed.calls))
         malformed = [
             CallResult("?", CallOutcome.MALFORMED, f"Error: {error}") for error in parsed.errors
         ]

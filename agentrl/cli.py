@@ -16,6 +16,7 @@ from rich.logging import RichHandler
 
 from agentrl.config import AgentRLConfig, ConfigError, describe_config, load_config
 from agentrl.models import resolve_model_path
+from agentrl.placement import rollout_actor_resources
 
 logger = logging.getLogger("agentrl")
 
@@ -43,7 +44,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not cfg.model.path:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
     init_ray(cfg.ray)
-    client = start_rollout_servers(cfg.model, cfg.server)
+    client = start_rollout_servers(
+        cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
+    )
     if cfg.gateway.enabled:
         from agentrl.server.gateway.deployment import start_gateway
 

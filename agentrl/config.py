@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.algos.config import AlgorithmConfig
 from agentrl.data.config import DataConfig
+from agentrl.placement import PlacementConfig
 from agentrl.reward.config import RewardConfig
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.tracking import TrackingConfig
@@ -233,6 +234,7 @@ class AgentRLConfig(_Section):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     logging: TrackingConfig = Field(default_factory=TrackingConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 

@@ -1,6 +1,8 @@
 """Weight sync strategies: push a trainer's new weights to every rollout replica.
 
-A push is ``pause → load the new weights as version v → reset prefix cache → resume``.
+A push is ``pause → load the new weights as version v → reset prefix cache → resume`` on
+every replica, done by one call per replica after the weights are already fetched, so a
+replica stops producing tokens only for its own load.
 With ``pause_mode="keep"`` in-flight requests are held, not lost, and continue under the
 new weights (their tokens carry the new version); with ``"abort"`` they end early with
 their partial tokens and the agent loops resubmit them (partial rollout).
@@ -33,7 +35,10 @@ NamedTensor = tuple[str, torch.Tensor]
 
 @dataclass
 class SyncTimings:
-    """Where a push spent its time (seconds) and what it moved."""
+    """Where a push spent its time (seconds) and what it moved.
+
+    ``pause_s`` is the longest time any replica produced no token.
+    """
 
     prepare_s: float
     pause_s: float
@@ -113,17 +118,11 @@ class ObjectStoreSync(WeightSync):
             num_tensors += len(bucket)
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         prepared = time.perf_counter()
-        await self._client.pause(self._pause_mode)
-        try:
-            for ref in refs:
-                await self._client.load_weights(ref, version)
-            await self._client.reset_prefix_cache()
-        finally:
-            await self._client.resume()
+        pauses = await self._client.swap_weights(refs, version, self._pause_mode)
         end = time.perf_counter()
         timings = SyncTimings(
             prepare_s=prepared - start,
-            pause_s=end - prepared,
+            pause_s=max(pauses, default=0.0),
             total_s=end - start,
             num_tensors=num_tensors,
             num_bytes=num_bytes,

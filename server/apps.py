@@ -71,10 +71,11 @@ def load_app_config(args: dict[str, Any] | AppArgs) -> AgentRLConfig:
 
 def rollout_app(args: dict[str, Any]) -> Application:
     """The rollout servers (``server.*``) as a Serve application."""
+    from agentrl.placement import rollout_actor_resources
     from agentrl.server.deployment import build_rollout_app
 
     cfg = load_app_config(args)
-    return build_rollout_app(cfg.model, cfg.server)
+    return build_rollout_app(cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout))
 
 
 def gateway_app(args: dict[str, Any]) -> Application:

@@ -168,6 +168,16 @@ class ServerClient:
         """
         await self._broadcast("update_weights", [weights], version)
 
+    async def swap_weights(
+        self, buckets: list[ray.ObjectRef], version: int, mode: PauseMode | str = PauseMode.KEEP
+    ) -> list[float]:
+        """Every replica pauses, loads ``buckets`` as ``version``, resets its cache, resumes.
+
+        One call per replica: each is paused only for its own load. Returns each
+        replica's pause seconds.
+        """
+        return await self._broadcast("swap_weights", buckets, version, PauseMode(mode).value)
+
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -84,6 +85,24 @@ class RolloutServer:
         await self._engine.update_weights(named_tensors, version)
         return self._replica_id
 
+    async def swap_weights(
+        self, weights: list[ray.ObjectRef], version: int, mode: str = PauseMode.KEEP.value
+    ) -> float:
+        """Fetch the buckets, then pause → load them as ``version`` → reset cache → resume.
+
+        Returns the seconds this replica was paused (no token is produced meanwhile).
+        """
+        buckets = [await ref for ref in weights]
+        start = time.perf_counter()
+        await self._engine.pause(PauseMode(mode))
+        try:
+            for named_tensors in buckets:
+                await self._engine.update_weights(named_tensors, version)
+            await self._engine.reset_prefix_cache()
+        finally:
+            await self._engine.resume()
+        return time.perf_counter() - start
+
     async def reset_prefix_cache(self) -> str:
         await self._engine.reset_prefix_cache()
         return self._replica_id
@@ -99,8 +118,13 @@ def _engine_env() -> dict[str, str]:
     return {k: os.environ[k] for k in _ENGINE_ENV_VARS if k in os.environ}
 
 
-def build_rollout_app(model: ModelConfig, server: ServerConfig) -> Application:
-    """The Serve application of ``server.num_replicas`` rollout replicas."""
+def build_rollout_app(
+    model: ModelConfig, server: ServerConfig, actor_resources: dict[str, float] | None = None
+) -> Application:
+    """The Serve application of ``server.num_replicas`` rollout replicas.
+
+    ``actor_resources``: custom Ray resources each replica takes (rollout node pool).
+    """
     engine = server.engine
     num_gpus = server.num_gpus_per_replica
     if num_gpus is None:
@@ -113,6 +137,7 @@ def build_rollout_app(model: ModelConfig, server: ServerConfig) -> Application:
             "num_cpus": server.num_cpus_per_replica,
             "num_gpus": num_gpus,
             "runtime_env": {"env_vars": _engine_env()},
+            "resources": dict(actor_resources or {}),
         },
         "health_check_period_s": 5,
         "graceful_shutdown_timeout_s": 5,

@@ -27,8 +27,13 @@ def init_ray(cfg: RayConfig) -> None:
     )
 
 
-def start_rollout_servers(model: ModelConfig, server: ServerConfig) -> ServerClient:
-    """Deploy ``server.num_replicas`` rollout replicas; returns a client once all are up."""
+def start_rollout_servers(
+    model: ModelConfig, server: ServerConfig, actor_resources: dict[str, float] | None = None
+) -> ServerClient:
+    """Deploy ``server.num_replicas`` rollout replicas; returns a client once all are up.
+
+    ``actor_resources``: custom Ray resources per replica (pins replicas to rollout nodes).
+    """
     serve.start(http_options={"host": server.http_host, "port": server.http_port})
     logger.info(
         "starting %d %s rollout replica(s) of %s (router: %s)",
@@ -37,7 +42,8 @@ def start_rollout_servers(model: ModelConfig, server: ServerConfig) -> ServerCli
         model.path,
         server.router.policy,
     )
-    serve.run(build_rollout_app(model, server), name=server.name, route_prefix=None)
+    app = build_rollout_app(model, server, actor_resources)
+    serve.run(app, name=server.name, route_prefix=None)
     return ServerClient.connect(
         server.name,
         DEPLOYMENT_NAME,

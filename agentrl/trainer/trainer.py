@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from agentrl.config import AgentRLConfig
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
+from agentrl.placement import rollout_actor_resources
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
@@ -86,15 +87,20 @@ class Trainer:
             drop_last=cfg.data.drop_last,
         )
         init_ray(cfg.ray)
-        self.client = start_rollout_servers(cfg.model, cfg.server)
+        self.client = start_rollout_servers(
+            cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
+        )
         if cfg.gateway.enabled:  # external agents (agent_name: external) call it
             start_gateway(cfg.gateway, cfg.model, cfg.server)
         self.manager = AgentLoopManager(cfg)
         total = cfg.trainer.total_steps
-        self.actor = ActorGroup(cfg.workers.actor, cfg.model.path, total_training_steps=total)
+        placement = cfg.placement.trainer
+        self.actor = ActorGroup(
+            cfg.workers.actor, cfg.model.path, total_training_steps=total, placement=placement
+        )
         kl = cfg.algorithm.kl
         self.ref = (
-            ReferenceGroup(cfg.workers.ref, cfg.model.path)
+            ReferenceGroup(cfg.workers.ref, cfg.model.path, placement=placement)
             if kl.use_kl_loss or kl.use_kl_in_reward
             else None
         )

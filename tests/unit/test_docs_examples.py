@@ -36,8 +36,9 @@ GUIDES = (
     "algorithms.md",
     "training-runs.md",
     "gpu-cluster.md",
+    "deploy.md",
 )
-PENDING_LINKS = {"deploy.md"}  # written by the deployment work; linked ahead of it
+PENDING_LINKS: set[str] = set()
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
 CONFIG_COMMANDS = {"train", "eval", "serve"}
 
