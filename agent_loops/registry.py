@@ -32,6 +32,8 @@ def register_agent_loop(name: str) -> Callable[[type[AgentLoopBase]], type[Agent
 
 def get_agent_loop(name: str) -> type[AgentLoopBase]:
     """The loop class for a registered ``name`` or an import path ``pkg.module:Class``."""
+    if name in _LOOPS:
+        return _LOOPS[name]
     for module in _BUILTIN_MODULES:
         importlib.import_module(module)
     if name in _LOOPS:

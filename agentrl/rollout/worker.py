@@ -92,10 +92,8 @@ class AgentLoopWorker:
             try:
                 context = self._context(request.episode_id)
                 loop = get_agent_loop(agent_name)(context)
-                outputs = await asyncio.wait_for(
-                    loop.run(request.row, request.sampling),
-                    timeout=self.config.rollout.loop_timeout_s,
-                )
+                async with asyncio.timeout(self.config.rollout.loop_timeout_s):
+                    outputs = await loop.run(request.row, request.sampling)
                 result.outputs = outputs if isinstance(outputs, list) else [outputs]
                 for output in result.outputs:
                     output.metrics.update(context.metrics)
