@@ -5,6 +5,8 @@ The toy task rewards vowels in the response; the policy must learn to emit more 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import ray
@@ -74,3 +76,28 @@ async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
     # The KL penalty starts at 0 (policy == reference) and grows once the policy moves.
     assert history[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert history[-1]["actor/reward_kl_penalty"] > 0
+
+
+async def test_trainer_resumes_from_its_run_directory(
+    tiny_checkpoint, tmp_path_factory, ray_session
+):
+    tmp = tmp_path_factory.mktemp("resume")
+    first = Trainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=["trainer.save_every=1"]))
+    first.setup()
+    try:
+        await first.fit()
+        loader_state = first.loader.state_dict()
+    finally:
+        first.shutdown()
+    second = Trainer(toy_config(tiny_checkpoint, tmp, steps=3))
+    second.setup()
+    try:
+        assert (second.step, second.version) == (2, 2)
+        assert second.loader.state_dict() == loader_state
+        history = await second.fit()
+    finally:
+        second.shutdown()
+    assert len(history) == 1
+    assert history[0]["trainer/version"] == 3.0
+    steps = [json.loads(line)["step"] for line in (tmp / "run" / "metrics.jsonl").open()]
+    assert steps == [1, 2, 3]
