@@ -19,3 +19,13 @@ def test_every_package_directory_is_declared():
             relative = init.parent.relative_to(base).parts
             found.add(".".join((package, *relative)))
     assert found <= declared, f"undeclared packages: {sorted(found - declared)}"
+
+
+def test_test_modules_have_unique_basenames():
+    # Test folders without __init__.py are imported by basename, so those must not collide.
+    names = [
+        p.name
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if not (p.parent / "__init__.py").exists()
+    ]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
