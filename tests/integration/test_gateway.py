@@ -31,24 +31,14 @@ from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, start_gat
 from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
 from agentrl.testing.context import loop_context
+from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 pytestmark = pytest.mark.integration
 
 PORT = 18767
 MODEL = "tiny"
 KEY = "s3cret"
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+ADD = ADD_TOOL_SCHEMA
 
 
 @pytest.fixture(scope="module")

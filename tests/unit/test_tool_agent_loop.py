@@ -17,21 +17,11 @@ from agentrl.config import RolloutConfig
 from agentrl.server.types import SamplingParams
 from agentrl.testing.context import loop_context
 from agentrl.testing.scripted import ScriptedClient
+from agentrl.testing.tools import ADD_TOOL_SCHEMA
 from agentrl.tools import BaseTool, ToolResponse
 
 SAMPLING = SamplingParams(max_tokens=256, temperature=1.0)
-ADD_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+ADD_SCHEMA = ADD_TOOL_SCHEMA
 
 
 class AddTool(BaseTool):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
@@ -11,6 +13,7 @@ from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.service import GatewayService
 from agentrl.server.gateway.sink import InMemorySink
 from agentrl.testing.scripted import ScriptedClient
+from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 40}}\n</tool_call>'
 
@@ -22,18 +25,7 @@ def tokenizer(tiny_checkpoint):
 
 @pytest.fixture
 def add_tool():
-    return {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
+    return copy.deepcopy(ADD_TOOL_SCHEMA)
 
 
 @pytest.fixture
