@@ -9,23 +9,38 @@ their partial tokens and the agent loops resubmit them (partial rollout).
 
 - ``ObjectStoreSync`` puts each size-bounded bucket into the Ray object store once, before
   pausing, so the pause window only covers the replicas' loads. Works on CPU and GPU.
-- ``NCCLBroadcastSync`` (GPU clusters) is documented in README as not yet available.
+- ``CollectiveBroadcastSync`` broadcasts each bucket from the process holding the full
+  weights (rank 0) to every vLLM worker of every replica through a process group of its
+  own (``agentrl.server.collective``): ``backend="nccl"`` on GPU clusters
+  (``NCCLBroadcastSync``), ``"gloo"`` on CPU. Weights never pass through the object store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import ray
 import torch
 
 from agentrl.server.client import ServerClient
+from agentrl.server.collective import (
+    BACKENDS,
+    BroadcastGroup,
+    BucketPlan,
+    CollectiveSyncError,
+    RankLayout,
+    bucket_plans,
+    plan_wire,
+)
 from agentrl.server.types import PauseMode
 
 logger = logging.getLogger(__name__)
@@ -89,12 +104,26 @@ def bucketize(
         yield bucket
 
 
+class WeightSource(Protocol):
+    """Where a trainer's full weights come from (``ActorGroup``)."""
+
+    def named_weights(self) -> Iterator[NamedTensor]: ...
+
+
 class WeightSync(ABC):
     """Pushes weights to the rollout servers; one instance per trainer."""
 
     @abstractmethod
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         """Make every replica serve ``named_tensors`` as policy ``version``."""
+
+    async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
+        """Push ``source``'s weights; by default they are gathered into this process first."""
+        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights()))
+        return await self.push(named_tensors, version)
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing
+        """Release what the strategy holds (process groups); pushing again reopens them."""
 
 
 class ObjectStoreSync(WeightSync):
@@ -138,3 +167,316 @@ class ObjectStoreSync(WeightSync):
             timings.total_s * 1e3,
         )
         return timings
+
+
+def cast_floats(named_tensors: Iterable[NamedTensor], dtype: str | None) -> Iterator[NamedTensor]:
+    """Floating-point tensors cast to ``dtype`` (the engines' dtype: fewer bytes to send)."""
+    target = getattr(torch, dtype) if dtype else None
+    for name, tensor in named_tensors:
+        if target is not None and tensor.is_floating_point() and tensor.dtype != target:
+            tensor = tensor.to(target)
+        yield name, tensor
+
+
+class BroadcastRoot:
+    """Rank 0 of a weight-broadcast group, in the process that holds the full weights.
+
+    Synchronous; ``LocalSender`` runs one in the trainer's process, the FSDP actor's
+    rank 0 runs one in its Ray actor (``ActorWorker.broadcast_*``). Order of calls:
+    ``host`` → ``connect`` (blocks until every rank joined) → per push ``stage`` →
+    ``send``; ``close`` at the end or after a failure.
+    """
+
+    def __init__(self) -> None:
+        self._group: BroadcastGroup | None = None
+        self._store: Any = None
+        self._staged: list[list[NamedTensor]] = []
+        self._plans: list[BucketPlan] = []
+
+    def host(
+        self,
+        backend: str,
+        world_size: int,
+        group_id: str,
+        join_timeout_s: float,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Start the group's store on this node and a free port; returns the ``GroupSpec``."""
+        self.close()
+        spec, self._store = BroadcastGroup.host(
+            backend, world_size, group_id, join_timeout_s=join_timeout_s, timeout_s=timeout_s
+        )
+        self._group = BroadcastGroup(spec, 0)
+        return spec.to_wire()
+
+    def connect(self) -> None:
+        if self._group is None:
+            raise CollectiveSyncError("host() the weight-broadcast group before connect()")
+        self._group.connect(self._store)
+
+    def stage(
+        self, buckets: Iterable[list[NamedTensor]], dtype: str | None = None
+    ) -> list[list[list[Any]]]:
+        """Keep ``buckets`` (floats cast to ``dtype``) for ``send``; returns their plans."""
+        self._staged = [list(cast_floats(bucket, dtype)) for bucket in buckets]
+        self._plans = bucket_plans(self._staged)
+        return plan_wire(self._plans)
+
+    def send(self) -> None:
+        """Broadcast every staged bucket (the replicas receive them in the same order)."""
+        if self._group is None:
+            raise CollectiveSyncError("the weight-broadcast group is not connected")
+        try:
+            for bucket, plan in zip(self._staged, self._plans, strict=True):
+                self._group.send_bucket(bucket, plan)
+        finally:
+            self._staged, self._plans = [], []
+
+    def close(self) -> None:
+        group, self._group, self._store = self._group, None, None
+        self._staged, self._plans = [], []
+        if group is not None:
+            group.close()
+
+
+class BroadcastSender(ABC):
+    """Async handle on a ``BroadcastRoot``, wherever it lives."""
+
+    key: str
+    """Identifies the root: a push from a different sender forms a new group."""
+
+    @abstractmethod
+    async def host(
+        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
+    ) -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def connect(self) -> None: ...
+
+    @abstractmethod
+    async def send(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class LocalSender(BroadcastSender):
+    """Rank 0 in this process (``CollectiveBroadcastSync.push``)."""
+
+    key = "local"
+
+    def __init__(self) -> None:
+        self.root = BroadcastRoot()
+
+    async def host(
+        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(
+            self.root.host, backend, world_size, group_id, join_timeout_s, timeout_s
+        )
+
+    async def connect(self) -> None:
+        await asyncio.to_thread(self.root.connect)
+
+    async def send(self) -> None:
+        await asyncio.to_thread(self.root.send)
+
+    async def close(self) -> None:
+        self.root.close()
+
+
+class BroadcastSource(WeightSource, Protocol):
+    """A weight source that can be rank 0 itself (``ActorGroup``: its FSDP rank 0)."""
+
+    def weight_sender(self) -> BroadcastSender: ...
+
+    async def stage_weight_broadcast(
+        self, dtype: str | None, bucket_bytes: int
+    ) -> list[list[list[Any]]]: ...
+
+
+@dataclass
+class _Group:
+    group_id: str
+    sender_key: str
+    workers: dict[str, int]  # replica id -> ranks
+    dtype: str | None
+
+
+class CollectiveBroadcastSync(WeightSync):
+    """Broadcasts buckets from rank 0 to every vLLM worker of every replica.
+
+    The group (rank 0 plus one rank per vLLM worker, replicas in id order) is formed at
+    the first push, and again whenever the set of replicas changed (a replica restarted
+    or was added); forming it fails with ``CollectiveSyncError`` after
+    ``join_timeout_s`` if a replica cannot join. A push:
+
+    1. asks every replica who it is (control path, ``handle.broadcast``), forming the
+       group if needed, and lays the weights out in buckets (a decoder layer is never
+       split); the first push also has every replica check the names and shapes;
+    2. every replica pauses (``pause_mode``) and its workers receive the buckets while
+       rank 0 broadcasts them (``timeout_s`` bounds each broadcast);
+    3. the workers load each bucket with vLLM's ``reload_weights`` (tensor-parallel
+       workers shard the full tensors themselves), the engine labels the weights
+       ``version``, resets its prefix cache and resumes.
+
+    ``push(named_tensors)`` is rank 0 in this process; ``push_from(actor_group)`` makes
+    the actor's FSDP rank 0 the sender, so the weights go straight from the trainer's
+    GPU to the engines'. With ``backend="nccl"`` rank 0 needs a CUDA device.
+    """
+
+    def __init__(
+        self,
+        client: ServerClient,
+        backend: str = "gloo",
+        bucket_bytes: int = 512 * 1024**2,
+        pause_mode: PauseMode | str = PauseMode.KEEP,
+        join_timeout_s: float = 60.0,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown collective backend {backend!r}; use one of {BACKENDS}")
+        self._client = client
+        self.backend = backend
+        self._bucket_bytes = bucket_bytes
+        self._pause_mode = PauseMode(pause_mode)
+        self._join_timeout_s = join_timeout_s
+        self._timeout_s = timeout_s
+        self._local = LocalSender()
+        self._sender: BroadcastSender | None = None
+        self._group: _Group | None = None
+        self._checked_plans: list[Any] | None = None
+
+    async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
+        start = time.perf_counter()
+        group = await self._ensure_group(self._local)
+        buckets = bucketize(cast_floats(named_tensors, group.dtype), self._bucket_bytes)
+        plans = await asyncio.to_thread(self._local.root.stage, buckets)
+        return await self._transfer(group, plans, version, start)
+
+    async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
+        """Push from ``source``'s own rank 0 when it can be one, else gather here first."""
+        if not hasattr(source, "weight_sender"):
+            return await super().push_from(source, version)
+        broadcast_source: BroadcastSource = source  # type: ignore[assignment]
+        start = time.perf_counter()
+        group = await self._ensure_group(broadcast_source.weight_sender())
+        plans = await broadcast_source.stage_weight_broadcast(group.dtype, self._bucket_bytes)
+        return await self._transfer(group, plans, version, start)
+
+    async def close(self) -> None:
+        """Leave the group on every replica and close rank 0's side."""
+        if self._group is not None:
+            try:
+                await asyncio.wait_for(self._client.collective_leave(), self._join_timeout_s)
+            except Exception as exc:
+                logger.warning("replicas could not leave the weight-broadcast group: %s", exc)
+        await self._drop_group()
+
+    async def _transfer(
+        self, group: _Group, plans: list[Any], version: int, start: float
+    ) -> SyncTimings:
+        assert self._sender is not None
+        if plans != self._checked_plans:
+            await self._client.collective_check(plans)
+            self._checked_plans = plans
+        prepared = time.perf_counter()
+        swap = self._client.collective_swap(group.group_id, plans, version, self._pause_mode)
+        results = await asyncio.gather(swap, self._sender.send(), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self._drop_group()
+            raise CollectiveSyncError(
+                f"broadcasting weights version {version} to {len(group.workers)} replica(s) "
+                f"failed ({self.backend}); the group is dropped and formed again at the next "
+                f"push: {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}"
+            ) from errors[0]
+        pauses: list[float] = results[0]  # type: ignore[assignment]
+        end = time.perf_counter()
+        slots = [slot for p in plans for slot in BucketPlan.from_wire(p).slots]
+        num_tensors, num_bytes = len(slots), sum(slot.nbytes for slot in slots)
+        timings = SyncTimings(
+            prepare_s=prepared - start,
+            pause_s=max(pauses, default=0.0),
+            total_s=end - start,
+            num_tensors=num_tensors,
+            num_bytes=num_bytes,
+            num_buckets=len(plans),
+        )
+        logger.info(
+            "broadcast (%s) %d tensors (%.1f MB, %d buckets) as version %d to %d replica(s): "
+            "pause %.0f ms, total %.0f ms",
+            self.backend,
+            num_tensors,
+            num_bytes / 1e6,
+            len(plans),
+            version,
+            len(group.workers),
+            timings.pause_s * 1e3,
+            timings.total_s * 1e3,
+        )
+        return timings
+
+    async def _ensure_group(self, sender: BroadcastSender) -> _Group:
+        """The current group if every replica is in it with ``sender`` as rank 0, else a new one."""
+        infos = await self._client.collective_info()
+        workers = {info["replica_id"]: int(info["num_workers"]) for info in infos}
+        dtypes = {info["dtype"] for info in infos}
+        if len(dtypes) > 1:
+            raise CollectiveSyncError(f"rollout replicas disagree on the model dtype: {dtypes}")
+        group = self._group
+        if (
+            group is not None
+            and group.sender_key == sender.key
+            and group.workers == workers
+            and all(info["group_id"] == group.group_id for info in infos)
+        ):
+            return group
+        if group is not None:
+            logger.info("rollout replicas changed; forming a new weight-broadcast group")
+        await self._drop_group()
+        layout = RankLayout.of(workers)
+        group = _Group(uuid.uuid4().hex[:12], sender.key, workers, dtypes.pop() if dtypes else None)
+        start = time.perf_counter()
+        self._sender = sender
+        spec = await sender.host(
+            self.backend, layout.world_size, group.group_id, self._join_timeout_s, self._timeout_s
+        )
+        results = await asyncio.gather(
+            sender.connect(),
+            self._client.collective_join(spec, layout.offsets),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self._drop_group()
+            raise CollectiveSyncError(
+                f"weight-broadcast group ({self.backend}, {layout.world_size} ranks: rank 0 and "
+                f"{len(workers)} replica(s) at {spec['master_addr']}:{spec['master_port']}) "
+                f"was not formed within {self._join_timeout_s:.0f}s: "
+                + "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+            ) from errors[0]
+        self._group = group
+        self._checked_plans = None
+        logger.info(
+            "weight-broadcast group %s formed (%s): %d replica(s), %d ranks in %.2fs",
+            group.group_id,
+            self.backend,
+            len(workers),
+            layout.world_size,
+            time.perf_counter() - start,
+        )
+        return group
+
+    async def _drop_group(self) -> None:
+        self._group = None
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            await sender.close()
+
+
+class NCCLBroadcastSync(CollectiveBroadcastSync):
+    """``CollectiveBroadcastSync`` over NCCL (GPU clusters)."""
+
+    def __init__(self, client: ServerClient, **kwargs: Any) -> None:
+        super().__init__(client, backend="nccl", **kwargs)

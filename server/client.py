@@ -181,6 +181,31 @@ class ServerClient:
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache")
 
+    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
+
+    async def collective_info(self) -> list[dict[str, Any]]:
+        """Per replica: ``replica_id``, ``node_ip``, ``num_workers``, ``dtype``, ``group_id``."""
+        return await self._broadcast("collective_info")
+
+    async def collective_join(self, spec: dict[str, Any], first_ranks: dict[str, int]) -> None:
+        """Every replica's workers join the weight-broadcast group ``spec``."""
+        await self._broadcast("collective_join", spec, first_ranks)
+
+    async def collective_check(self, plans: list[Any]) -> None:
+        """Every replica validates the bucket plans of a broadcast push (nothing loaded)."""
+        await self._broadcast("collective_check", plans)
+
+    async def collective_swap(
+        self, group_id: str, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
+    ) -> list[float]:
+        """Every replica pauses and receives the broadcast; returns each one's pause seconds."""
+        return await self._broadcast(
+            "collective_swap", group_id, plans, version, PauseMode(mode).value
+        )
+
+    async def collective_leave(self) -> None:
+        await self._broadcast("collective_leave")
+
     async def stats(self) -> list[dict[str, Any]]:
         """One stats dict per replica."""
         return await self._broadcast("stats")

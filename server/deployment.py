@@ -14,6 +14,7 @@ from ray import serve
 from ray.serve import Application
 
 from agentrl.config import EngineConfig, ModelConfig, ServerConfig
+from agentrl.server.collective import node_ip
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
 from agentrl.server.types import PauseMode, SamplingParams, TokenOutput
@@ -45,6 +46,7 @@ class RolloutServer:
     def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
         self._engine = create_engine(ModelConfig(**model), EngineConfig(**engine))
         self._replica_id = serve.get_replica_context().replica_id.unique_id
+        self._group_id: str | None = None  # weight-broadcast group this replica is in
         logger.info("rollout replica %s ready (%s)", self._replica_id, engine["backend"])
 
     async def generate(
@@ -105,6 +107,61 @@ class RolloutServer:
 
     async def reset_prefix_cache(self) -> str:
         await self._engine.reset_prefix_cache()
+        return self._replica_id
+
+    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
+
+    async def collective_info(self) -> dict[str, Any]:
+        """This replica's id, node IP, ranks it adds to a weight-broadcast group, dtype."""
+        return {
+            "replica_id": self._replica_id,
+            "node_ip": node_ip(),
+            "group_id": self._group_id,
+            **self._engine.weight_group_info(),
+        }
+
+    async def collective_join(self, spec: dict[str, Any], first_ranks: dict[str, int]) -> str:
+        """Join the group ``spec`` at the rank ``first_ranks`` gives this replica."""
+        first_rank = first_ranks.get(self._replica_id)
+        if first_rank is None:
+            raise RuntimeError(
+                f"rollout replica {self._replica_id} has no rank in weight-broadcast group "
+                f"{spec['group_id']} (it started after the group was planned); retry the push"
+            )
+        self._group_id = None
+        await self._engine.join_weight_group(spec, first_rank, node_ip())
+        self._group_id = spec["group_id"]
+        return self._replica_id
+
+    async def collective_check(self, plans: list[Any]) -> str:
+        await self._engine.check_weight_plans(plans)
+        return self._replica_id
+
+    async def collective_swap(
+        self, group_id: str, plans: list[Any], version: int, mode: str = PauseMode.KEEP.value
+    ) -> float:
+        """Pause → receive the broadcast ``plans`` as ``version`` → reset cache → resume.
+
+        Returns the seconds this replica was paused; the broadcast starts once every
+        replica paused, so this includes waiting for the slowest pause.
+        """
+        if group_id != self._group_id:
+            raise RuntimeError(
+                f"rollout replica {self._replica_id} is in weight-broadcast group "
+                f"{self._group_id}, not {group_id}"
+            )
+        start = time.perf_counter()
+        await self._engine.pause(PauseMode(mode))
+        try:
+            await self._engine.receive_weights(plans, version)
+            await self._engine.reset_prefix_cache()
+        finally:
+            await self._engine.resume()
+        return time.perf_counter() - start
+
+    async def collective_leave(self) -> str:
+        self._group_id = None
+        await self._engine.leave_weight_group()
         return self._replica_id
 
     async def stats(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from agentrl.server.types import PauseMode, SamplingParams, TokenOutput
+from agentrl.server.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
@@ -45,6 +45,35 @@ class RolloutEngine(ABC):
         Raises ``RolloutError`` (and keeps the old weights) for an unknown name or a
         wrong shape.
         """
+
+    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
+
+    def weight_group_info(self) -> dict[str, Any]:
+        """``{"num_workers", "dtype"}``: ranks this engine adds to a weight-broadcast group."""
+        raise RolloutError(self._no_collective())
+
+    async def join_weight_group(
+        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
+    ) -> list[int]:
+        """Join the weight-broadcast group ``spec`` (``server.collective.GroupSpec``)."""
+        raise RolloutError(self._no_collective())
+
+    async def check_weight_plans(self, plans: list[Any]) -> None:
+        """Raise ``RolloutError`` if the bucket plans do not fit this model (nothing loaded)."""
+        raise RolloutError(self._no_collective())
+
+    async def receive_weights(self, plans: list[Any], version: int) -> None:
+        """Receive the buckets of ``plans`` from the group's rank 0 and load them as ``version``."""
+        raise RolloutError(self._no_collective())
+
+    async def leave_weight_group(self) -> None:  # noqa: B027 - nothing to leave by default
+        """Drop the weight-broadcast group, if any."""
+
+    def _no_collective(self) -> str:
+        return (
+            f"{type(self).__name__} does not support collective weight sync; use "
+            "engine.backend=vllm or trainer.weight_sync=object_store"
+        )
 
     @abstractmethod
     async def reset_prefix_cache(self) -> None:

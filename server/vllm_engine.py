@@ -29,6 +29,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from agentrl.config import EngineConfig, ModelConfig
+from agentrl.server.collective import plans_from_wire
 from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.types import (
     PauseMode,
@@ -290,6 +291,84 @@ class VLLMEngine(RolloutEngine):
             version,
         )
 
+    # -- collective weight sync ---------------------------------------------------------
+
+    def weight_group_info(self) -> dict[str, Any]:
+        """One rank per vLLM worker (tensor × pipeline parallel); tensors arrive in ``dtype``."""
+        parallel = self._llm.vllm_config.parallel_config
+        return {
+            "num_workers": parallel.tensor_parallel_size * parallel.pipeline_parallel_size,
+            "dtype": self._model_cfg.dtype,
+        }
+
+    async def join_weight_group(
+        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
+    ) -> list[int]:
+        """Every worker joins the group ``spec``; returns their ranks.
+
+        Blocks the engine core until all ranks of the group arrived (one-time setup), and
+        raises once ``spec["join_timeout_s"]`` passed without them.
+        """
+        self._check_open()
+        async with self._control:
+            return await self._llm.collective_rpc(
+                "agentrl_join_group",
+                timeout=spec["join_timeout_s"] + 30,
+                args=(spec, first_rank, local_addr),
+            )
+
+    async def check_weight_plans(self, plans: list[Any]) -> None:
+        """Every tensor of ``plans`` is a known weight of the right shape; modules are whole."""
+        self._check_open()
+        seen: set[str] = set()
+        for plan in plans_from_wire(plans):
+            for slot in plan.slots:
+                self._check_param(slot.name, slot.shape, seen)
+            async with self._control:
+                await self._check_whole_modules([slot.name for slot in plan.slots])
+
+    async def receive_weights(self, plans: list[Any], version: int) -> None:
+        """Receive the broadcast buckets of ``plans`` into every worker; label them ``version``.
+
+        Pauses (``keep``) for the load if the engine is not paused already. A failure part
+        way leaves a mix of old and new weights and the old version label.
+        """
+        self._check_open()
+        async with self._control:
+            pause_here = not self._paused
+            if pause_here:
+                await self._llm.pause_generation(mode="keep", clear_cache=False)
+            start = time.perf_counter()
+            try:
+                try:
+                    counts = await self._llm.collective_rpc(
+                        "agentrl_receive_weights", args=(plans,)
+                    )
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"receiving broadcast weights (version {version}) failed; the engine "
+                        f"may hold a mix of old and new weights: {exc}"
+                    ) from exc
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+                self._counters.weight_updates += 1
+            finally:
+                if pause_here:
+                    await self._llm.resume_generation()
+        logger.info(
+            "received %d tensors in %d bucket(s) in %.2fs; weight version %d",
+            counts[0],
+            len(plans),
+            time.perf_counter() - start,
+            version,
+        )
+
+    async def leave_weight_group(self) -> None:
+        if self._closed:
+            return
+        async with self._control:
+            await self._llm.collective_rpc("agentrl_leave_group")
+
     async def reset_prefix_cache(self) -> None:
         """Drop every cached KV block; running requests are recomputed from their tokens."""
         self._check_open()
@@ -398,24 +477,25 @@ class VLLMEngine(RolloutEngine):
         tensors: list[tuple[str, torch.Tensor]] = []
         seen: set[str] = set()
         for name, tensor in named_tensors:
-            expected = self._param_shapes.get(name)
-            if expected is None:
-                raise RolloutError(
-                    f"unknown parameter {name!r}: {self._model_cfg.path} has no such weight"
-                )
-            if tuple(tensor.shape) != expected:
-                raise RolloutError(
-                    f"parameter {name!r} has shape {tuple(tensor.shape)}, expected {expected}"
-                )
-            if name in seen:
-                raise RolloutError(f"parameter {name!r} appears twice in one update")
-            seen.add(name)
+            self._check_param(name, tuple(tensor.shape), seen)
             if tensor.is_floating_point():
                 tensor = tensor.to(self._dtype)
             tensors.append((name, tensor))
         if not tensors:
             raise RolloutError("update_weights got no tensors")
         return tensors
+
+    def _check_param(self, name: str, shape: tuple[int, ...], seen: set[str]) -> None:
+        expected = self._param_shapes.get(name)
+        if expected is None:
+            raise RolloutError(
+                f"unknown parameter {name!r}: {self._model_cfg.path} has no such weight"
+            )
+        if shape != expected:
+            raise RolloutError(f"parameter {name!r} has shape {shape}, expected {expected}")
+        if name in seen:
+            raise RolloutError(f"parameter {name!r} appears twice in one update")
+        seen.add(name)
 
     async def _check_whole_modules(self, names: list[str]) -> None:
         """Reject an update that gives a vLLM module only some of its tensors."""

@@ -10,6 +10,11 @@ as tensors. The weights are loaded with the worker's ``reload_weights`` (vLLM's 
 in-place reload), which maps checkpoint-style names onto fused/sharded vLLM parameters and
 re-runs the per-layer post-processing that CPU kernels need; calling the model's
 ``load_weights`` directly skips that processing.
+
+The ``agentrl_*_group`` / ``agentrl_receive_weights`` methods are the worker side of
+``CollectiveBroadcastSync``: each worker is one rank of a weight-broadcast group
+(``agentrl.server.collective``) and receives full (unsharded) tensors from the trainer;
+``reload_weights`` shards them for tensor parallelism.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+
+from agentrl.server.collective import BroadcastGroup, GroupSpec, plans_from_wire
 
 logger = logging.getLogger(__name__)
 
@@ -67,3 +75,45 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=weights())  # type: ignore[attr-defined]
         logger.debug("reloaded %d tensors", len(tensors))
         return len(tensors)
+
+    def agentrl_join_group(
+        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
+    ) -> int:
+        """Join the weight-broadcast group as rank ``first_rank`` + this worker's index.
+
+        Blocks until every rank joined (or ``spec["join_timeout_s"]`` passed); returns
+        the rank.
+        """
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        self.agentrl_leave_group()
+        tp, pp = get_tp_group(), get_pp_group()
+        rank = first_rank + pp.rank_in_group * tp.world_size + tp.rank_in_group
+        group_spec = GroupSpec.from_wire(spec)
+        device = self.device if group_spec.backend == "nccl" else torch.device("cpu")  # type: ignore[attr-defined]
+        group = BroadcastGroup(group_spec, rank, device)
+        group.connect(local_addr=local_addr)
+        self._agentrl_group = group
+        return rank
+
+    def agentrl_receive_weights(self, plans: list[Any]) -> int:
+        """Receive every bucket of ``plans`` from rank 0 and load it; returns tensors loaded."""
+        group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
+        if group is None:
+            raise RuntimeError("this worker is not in a weight-broadcast group")
+        count = 0
+        for plan in plans_from_wire(plans):
+            tensors = group.receive_bucket(plan)
+            self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
+            count += len(tensors)
+        logger.debug("received and reloaded %d tensors", count)
+        return count
+
+    def agentrl_leave_group(self) -> bool:
+        """Drop this worker's weight-broadcast group; False when it had none."""
+        group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
+        self._agentrl_group = None
+        if group is None:
+            return False
+        group.close()
+        return True

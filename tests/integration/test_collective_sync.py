@@ -1,0 +1,137 @@
+"""CollectiveBroadcastSync over gloo: real Ray Serve, 2 vLLM-CPU replicas, tiny model.
+
+The test process is rank 0 of the weight-broadcast group (``push``) in the first tests;
+the FSDP actor's rank 0 is the sender in the trainer-path test (``push_from``). The same
+code runs over NCCL on GPU clusters (``backend="nccl"``), which this machine cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+import torch
+from ray import serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.config import load_config
+from agentrl.server.collective import CollectiveSyncError
+from agentrl.server.launch import init_ray, start_rollout_servers
+from agentrl.server.types import SamplingParams
+from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_checkpoint):
+    return load_config(
+        None,
+        [
+            f"model.path={tiny_checkpoint}",
+            "server.num_replicas=2",
+            "server.http_port=18770",
+            "server.engine.max_model_len=512",
+            "server.engine.kv_cache_memory_bytes=33554432",
+            "server.engine.max_num_seqs=8",
+            "ray.num_cpus=2",
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+async def client(cfg):
+    init_ray(cfg.ray)
+    yield start_rollout_servers(cfg.model, cfg.server)
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_checkpoint):
+    """The tiny model's weights, clearly changed (greedy outputs differ)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (n, t + 0.5 * torch.randn(t.shape, generator=gen)) for n, t in model.state_dict().items()
+    ]
+
+
+def _prompt(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+async def _greedy_everywhere(client, prompt):
+    """One greedy answer per replica (new sessions spread over both)."""
+    outs = await asyncio.gather(*(client.generate(f"s-{i}", prompt, GREEDY) for i in range(6)))
+    assert len({o.replica_id for o in outs}) == 2
+    return outs
+
+
+async def test_gloo_broadcast_loads_the_weights_on_every_replica(client, tokenizer, perturbed):
+    prompt = _prompt(tokenizer, "What is 40 + 2?")
+    before = await client.generate(None, prompt, GREEDY)
+    sync = CollectiveBroadcastSync(client, backend="gloo", bucket_bytes=256 * 1024)
+    long = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    in_flight = asyncio.create_task(client.generate("s-keep", _prompt(tokenizer, "Go"), long))
+    await asyncio.sleep(0.3)
+
+    timings = await sync.push(perturbed, version=1)
+
+    assert timings.num_buckets > 1
+    assert timings.num_tensors == len(perturbed)
+    assert 0 < timings.pause_s <= timings.total_s
+    assert [s["weight_version"] for s in await client.stats()] == [1, 1]
+    broadcast = await _greedy_everywhere(client, prompt)
+    assert all(o.token_ids != before.token_ids for o in broadcast)
+    assert all(o.token_versions == [1] * 8 for o in broadcast)
+    kept = await asyncio.wait_for(in_flight, timeout=120)  # pause_mode keep: held, then new
+    assert kept.token_versions[0] == 0 and kept.token_versions[-1] == 1
+
+    # The same weights through the object store give the same greedy tokens and logprobs.
+    await ObjectStoreSync(client).push(perturbed, version=2)
+    reference = await _greedy_everywhere(client, prompt)
+    for got, want in zip(broadcast, reference, strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+    # A second push reuses the group (no new join) and stamps the next version.
+    timings = await sync.push(perturbed, version=3)
+    assert [s["weight_version"] for s in await client.stats()] == [3, 3]
+    assert (await client.generate(None, prompt, GREEDY)).token_ids == reference[0].token_ids
+    await sync.close()
+
+
+async def test_a_replica_that_cannot_join_fails_within_the_timeout(client, perturbed):
+    """A phantom replica never joins: the push fails after join_timeout_s, no hang."""
+    sync = CollectiveBroadcastSync(client, backend="gloo", join_timeout_s=3.0)
+    real_info = client.collective_info
+
+    async def with_phantom():
+        infos = await real_info()
+        return [*infos, {**infos[0], "replica_id": "zz-phantom", "group_id": None}]
+
+    client.collective_info = with_phantom
+    start = time.perf_counter()
+    try:
+        with pytest.raises(CollectiveSyncError, match="was not formed within 3s"):
+            await sync.push(perturbed, version=4)
+    finally:
+        del client.collective_info
+    assert time.perf_counter() - start < 30
+    # The replicas are healthy and the next push forms a fresh group.
+    await sync.push(perturbed, version=5)
+    assert [s["weight_version"] for s in await client.stats()] == [5, 5]
+    await sync.close()

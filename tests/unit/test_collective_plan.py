@@ -1,0 +1,211 @@
+"""Weight-broadcast group: bucket layout, rank layout, and the protocol over real gloo.
+
+The replicas here are a fake ``ServerClient`` whose "workers" are threads holding real
+``BroadcastGroup`` ranks, so the sync's rank layout (several workers per replica, as with
+tensor parallelism), group reuse and re-forming run without vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from agentrl.server.collective import (
+    ALIGN_BYTES,
+    BroadcastGroup,
+    BucketPlan,
+    CollectiveSyncError,
+    GroupSpec,
+    RankLayout,
+    bucket_plans,
+    plans_from_wire,
+    unpack,
+)
+from agentrl.weight_sync import CollectiveBroadcastSync, NCCLBroadcastSync, cast_floats
+
+
+def test_bucket_plan_aligns_every_tensor_and_round_trips_through_the_wire():
+    plan = BucketPlan.of(
+        [("a", "float32", (3, 5)), ("b", "int64", (7,)), ("c", torch.bfloat16, [2])]
+    )
+    assert [s.offset for s in plan.slots] == [0, 64, 128]
+    assert [s.nbytes for s in plan.slots] == [60, 56, 4]
+    assert plan.nbytes == 192 and plan.nbytes % ALIGN_BYTES == 0
+    assert plan.slots[2].dtype == "bfloat16"
+    assert BucketPlan.from_wire(plan.to_wire()) == plan
+
+
+def test_bucket_plan_rejects_an_unknown_dtype():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        BucketPlan.of([("a", "float99", (1,))])
+
+
+def test_unpack_views_each_tensor_out_of_the_flat_buffer():
+    tensors = [("w", torch.randn(4, 3)), ("i", torch.arange(5)), ("h", torch.ones(2).half())]
+    (plan,) = bucket_plans([tensors])
+    buffer = torch.zeros(plan.nbytes, dtype=torch.uint8)
+    for (_, t), slot in zip(tensors, plan.slots, strict=True):
+        buffer[slot.offset : slot.offset + slot.nbytes] = t.reshape(-1).view(torch.uint8)
+    for (name, want), (got_name, got) in zip(tensors, unpack(buffer, plan), strict=True):
+        assert got_name == name and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_rank_layout_gives_each_replica_a_block_in_id_order():
+    layout = RankLayout.of({"r-b": 2, "r-a": 1, "r-c": 4})
+    assert layout.offsets == {"r-a": 1, "r-b": 2, "r-c": 4}
+    assert layout.world_size == 8  # rank 0 + 1 + 2 + 4 workers
+
+
+@pytest.mark.parametrize(("workers", "message"), [({}, "no rollout replica"), ({"r": 0}, "0")])
+def test_rank_layout_rejects_no_replica_or_no_worker(workers, message):
+    with pytest.raises(ValueError, match=message):
+        RankLayout.of(workers)
+
+
+def test_cast_floats_changes_only_floating_tensors():
+    out = dict(cast_floats([("w", torch.ones(2)), ("i", torch.arange(2))], "bfloat16"))
+    assert out["w"].dtype == torch.bfloat16 and out["i"].dtype == torch.int64
+    assert dict(cast_floats([("w", torch.ones(2))], None))["w"].dtype == torch.float32
+
+
+def test_unknown_backends_are_rejected():
+    with pytest.raises(ValueError, match="unknown collective backend"):
+        CollectiveBroadcastSync(object(), backend="mpi")  # type: ignore[arg-type]
+    assert NCCLBroadcastSync(object()).backend == "nccl"  # type: ignore[arg-type]
+
+
+def test_a_missing_rank_times_out_at_the_join_with_a_clear_error():
+    spec, store = BroadcastGroup.host(
+        "gloo", 3, "g-missing", join_timeout_s=1.0, timeout_s=5.0, addr="127.0.0.1"
+    )
+    start = time.perf_counter()
+    with pytest.raises(CollectiveSyncError, match=r"waited .* for 3 ranks .*\(1 joined\)"):
+        BroadcastGroup(spec, 0).connect(store, local_addr="127.0.0.1")
+    assert time.perf_counter() - start < 10
+
+
+class _FakeReplicas:
+    """``ServerClient``'s collective calls, answered by worker threads of fake replicas."""
+
+    def __init__(self, workers: dict[str, int]) -> None:
+        self.workers = workers
+        self.groups: dict[tuple[str, int], BroadcastGroup] = {}
+        self.group_id: dict[str, str | None] = dict.fromkeys(workers)
+        self.received: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self.versions: dict[str, int] = {}
+        self.joins = 0
+        self.checks = 0
+
+    async def collective_info(self):
+        return [
+            {"replica_id": r, "num_workers": n, "dtype": "float32", "group_id": self.group_id[r]}
+            for r, n in self.workers.items()
+        ]
+
+    async def collective_join(self, spec, first_ranks):
+        self.joins += 1
+        group_spec = GroupSpec.from_wire(spec)
+
+        def join(replica: str, index: int) -> None:
+            group = BroadcastGroup(group_spec, first_ranks[replica] + index)
+            group.connect(local_addr="127.0.0.1")
+            self.groups[replica, index] = group
+
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(join, replica, index)
+                for replica, count in self.workers.items()
+                for index in range(count)
+            )
+        )
+        for replica in self.workers:
+            self.group_id[replica] = group_spec.group_id
+
+    async def collective_check(self, plans):
+        self.checks += 1
+
+    async def collective_swap(self, group_id, plans, version, mode):
+        def receive(key: tuple[str, int]) -> None:
+            got = {}
+            for plan in plans_from_wire(plans):
+                got.update((n, t.clone()) for n, t in self.groups[key].receive_bucket(plan))
+            self.received[key] = got
+
+        assert all(self.group_id[r] == group_id for r in self.workers)
+        await asyncio.gather(*(asyncio.to_thread(receive, key) for key in self.groups))
+        self.versions = dict.fromkeys(self.workers, version)
+        return [0.01] * len(self.workers)
+
+    async def collective_leave(self):
+        for group in self.groups.values():
+            group.close()
+        self.groups.clear()
+
+
+@pytest.fixture
+def loopback(monkeypatch):
+    monkeypatch.setattr("agentrl.server.collective.node_ip", lambda: "127.0.0.1")
+
+
+def _weights():
+    gen = torch.Generator().manual_seed(0)
+    return [
+        ("model.embed_tokens.weight", torch.randn(10, 4, generator=gen)),
+        *[
+            (f"model.layers.{i}.mlp.{p}_proj.weight", torch.randn(4, 4, generator=gen))
+            for i in range(3)
+            for p in ("gate", "up")
+        ],
+        ("lm_head.weight", torch.randn(10, 4, generator=gen)),
+    ]
+
+
+async def test_every_worker_of_every_replica_receives_every_tensor(loopback):
+    replicas = _FakeReplicas({"r-1": 2, "r-0": 1})  # r-1 has two tensor-parallel workers
+    sync = CollectiveBroadcastSync(replicas, bucket_bytes=200, join_timeout_s=10)  # type: ignore[arg-type]
+    weights = _weights()
+
+    timings = await sync.push(weights, version=7)
+
+    assert replicas.joins == 1 and replicas.checks == 1
+    assert sorted(g.rank for g in replicas.groups.values()) == [1, 2, 3]
+    assert replicas.groups["r-0", 0].rank == 1  # replicas in id order
+    assert replicas.versions == {"r-0": 7, "r-1": 7}
+    assert len(replicas.received) == 3
+    for got in replicas.received.values():
+        assert list(got) == [n for n, _ in weights]
+        for name, tensor in weights:
+            assert torch.equal(got[name], tensor)
+    assert timings.num_tensors == len(weights) and timings.num_buckets == 5
+    assert timings.num_bytes == sum(t.numel() * 4 for _, t in weights)
+    assert timings.pause_s == pytest.approx(0.01)
+
+    await sync.push(weights, version=8)  # the group and the checked plans are reused
+    assert replicas.joins == 1 and replicas.checks == 1 and replicas.versions["r-0"] == 8
+
+    replicas.workers["r-2"] = 1  # a replica joined the deployment: a new group is formed
+    replicas.group_id["r-2"] = None
+    await replicas.collective_leave()
+    await sync.push(weights, version=9)
+    assert replicas.joins == 2 and replicas.versions == {"r-0": 9, "r-1": 9, "r-2": 9}
+    await sync.close()
+    assert not replicas.groups
+
+
+async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
+    replicas = _FakeReplicas({"r-0": 1})
+    sync = CollectiveBroadcastSync(replicas, join_timeout_s=10, timeout_s=2)  # type: ignore[arg-type]
+    await sync.push(_weights(), version=1)
+
+    async def dead_replica(*args):
+        raise RuntimeError("replica died")
+
+    replicas.collective_swap = dead_replica
+    start = time.perf_counter()
+    with pytest.raises(CollectiveSyncError, match=r"version 2 .* replica died"):
+        await sync.push(_weights(), version=2)
+    assert time.perf_counter() - start < 15  # rank 0's broadcast times out (timeout_s)
+    assert sync._group is None
