@@ -4,7 +4,9 @@ For each dataset row the loop starts the user's agent (a Python function or a
 subprocess) pointed at the gateway with a base URL that carries this episode's session
 id (``{gateway}/sessions/{session_id}/v1``), waits for it, finishes the session, and
 returns the samples the gateway recorded: the exact ids the engine produced plus the
-template deltas of tool/user turns.
+template deltas of tool/user turns. The session is opened as *managed* first, so a
+gateway whose sink feeds the trainer's queue (``gateway.sink: queue``) does not put the
+same trajectory a second time.
 
     rollout:
       agent_name: external
@@ -70,6 +72,7 @@ class ExternalAgentLoop(AgentLoopBase):
         api_key = cfg.api_key or _NO_KEY
         headers = {"Authorization": f"Bearer {api_key}"}
         async with httpx.AsyncClient(base_url=root, headers=headers, timeout=60.0) as http:
+            await _open_managed(http, session_id)
             endpoint = AgentEndpoint(
                 base_url=f"{root}/sessions/{session_id}/v1",
                 api_key=api_key,
@@ -172,6 +175,13 @@ async def _served_model(http: httpx.AsyncClient) -> str:
         response.raise_for_status()
         _served_models[key] = response.json()["data"][0]["id"]
     return _served_models[key]
+
+
+async def _open_managed(http: httpx.AsyncClient, session_id: str) -> None:
+    """Open the session as *managed*: this loop returns its samples to the trainer, so
+    the gateway's training sink (``gateway.sink: queue``) must not send them again."""
+    response = await http.post(f"/v1/sessions/{session_id}", json={"managed": True})
+    response.raise_for_status()
 
 
 async def _finish(http: httpx.AsyncClient, session_id: str) -> dict[str, Any]:

@@ -200,6 +200,13 @@ class TrainerConfig(_Section):
     stale_policy: Literal["drop", "downweight"] = Field(
         "drop", description="What to do with episodes more than max_staleness versions old."
     )
+    agent_loop_episodes: bool = Field(
+        True,
+        description="Async training: run agent loops over `data.train_files` to produce "
+        "episodes. False = train only on episodes from the gateway's queue sink (finished "
+        "sessions of free-running OpenAI clients, `gateway.sink: queue`); then "
+        "`data.train_files` may be empty.",
+    )
     weight_sync_pause_mode: Literal["keep", "abort", "wait"] = Field(
         "keep",
         description="How in-flight generation is paused during a weight push "

@@ -83,4 +83,4 @@ def gateway_app(args: dict[str, Any]) -> Application:
     from agentrl.server.gateway.deployment import build_gateway_app
 
     cfg = load_app_config(args)
-    return build_gateway_app(cfg.gateway, cfg.model, cfg.server)
+    return build_gateway_app(cfg.gateway, cfg.model, cfg.server, namespace=cfg.ray.namespace)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.agent_loops.output import AgentLoopOutput, TrajectoryError
 from agentrl.ids import new_id
 from agentrl.server.types import SamplingParams
 
@@ -28,7 +28,12 @@ class EpisodeRequest:
 
 @dataclass
 class EpisodeResult:
-    """What one episode produced: its training samples, or the error that ended it."""
+    """What one episode produced: its training samples, or the error that ended it.
+
+    ``external``: a gateway session of a free-running client (``episode_from_session``),
+    not started by the rollout producer: it has no dataset row (``row_index`` -1), its
+    outputs carry their reward, and it took no slot of the staleness rule.
+    """
 
     episode_id: str
     group_id: str
@@ -38,10 +43,71 @@ class EpisodeResult:
     outputs: list[AgentLoopOutput] = field(default_factory=list)
     error: str | None = None
     latency_s: float = 0.0
+    external: bool = False
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+EXTERNAL_AGENT_NAME = "gateway"
+"""``agent_name`` of episodes built from gateway sessions."""
+
+
+def episode_from_session(
+    session_id: str,
+    samples: list[dict[str, Any]],
+    reward: float | None,
+    group_id: str,
+    sample_index: int = 0,
+    max_response_length: int | None = None,
+) -> EpisodeResult:
+    """The ``EpisodeResult`` of a finished gateway session (``external``; episode id =
+    session id, so one session is one episode).
+
+    ``samples`` are the gateway's ``AgentLoopOutput``-shaped dicts. Their rewards are
+    kept (the session ``reward`` when given, else each sample's sum of per-call rewards,
+    0.0 for a sample without one); a session with no reward at all, no samples, or
+    malformed samples is a failed episode. Responses longer than ``max_response_length``
+    are cut (``extra["truncated"]``), as ``ExternalAgentLoop`` does.
+    """
+    episode = EpisodeResult(
+        session_id, group_id, -1, sample_index, EXTERNAL_AGENT_NAME, external=True
+    )
+    if not samples:
+        episode.error = f"gateway session {session_id} recorded no model calls"
+        return episode
+    rewards = [reward if reward is not None else sample.get("reward") for sample in samples]
+    if all(r is None for r in rewards):
+        episode.error = (
+            f"gateway session {session_id} finished without a reward (POST "
+            "/v1/sessions/{id}/reward or a `reward` in the finish body)"
+        )
+        return episode
+    limit = max_response_length or None
+    try:
+        for sample, sample_reward in zip(samples, rewards, strict=True):
+            n = len(sample["response_ids"])
+            episode.outputs.append(
+                AgentLoopOutput(
+                    prompt_ids=list(sample["prompt_ids"]),
+                    response_ids=list(sample["response_ids"][:limit]),
+                    response_mask=list(sample["response_mask"][:limit]),
+                    response_logprobs=list(sample["response_logprobs"][:limit]),
+                    response_versions=list(sample["response_versions"][:limit]),
+                    num_turns=int(sample.get("num_turns", 0)),
+                    reward=float(sample_reward or 0.0),
+                    metrics=dict(sample.get("metrics") or {}),
+                    extra={
+                        **(sample.get("extra") or {}),
+                        "truncated": limit is not None and n > limit,
+                    },
+                )
+            )
+    except (KeyError, TypeError, ValueError, TrajectoryError) as exc:
+        episode.outputs = []
+        episode.error = f"gateway session {session_id}: malformed sample ({exc!r})"
+    return episode
 
 
 def make_requests(

@@ -8,6 +8,28 @@ trainer's version minus the oldest policy version among its model tokens — is 
 episodes more than η versions behind are dropped, or down-weighted by
 ``stale_weight_decay ** (staleness − η)`` in ``output.extra["sample_weight"]``, and counted.
 
+External episodes — finished sessions of free-running clients of the OpenAI gateway,
+sent by its queue sink (``gateway.sink: queue``) to ``put_session`` — join the same
+queue without a reservation:
+
+- grouping: sessions that gave the same group id (``x-group-id``) form one group, in
+  arrival order, complete once ``group_size`` of them arrived; a group takes no more
+  sessions after that (later ones are refused, ``async/external_rejected_group_full``).
+  A session without a group id is a group of its own when ``group_size`` is 1 and is
+  refused otherwise (``async/external_rejected_ungrouped``): one session alone is no
+  GRPO group, and pooling unrelated prompts into one would make its advantages
+  meaningless. Group ids are namespaced (``ext:<id>``), so they never mix with the
+  producer's groups.
+- capacity: they take no slot of the staleness rule (the producer never reserved them,
+  and the gateway cannot hold a client back), so ``finish`` is not called for them and
+  the producer's capacity is the same with or without them. They do take batch slots:
+  a batch is the oldest complete groups, internal or external.
+- staleness: checked like every episode's when the batch is taken (dropped or
+  down-weighted), without giving a rule slot back.
+- each session id is accepted once; a repeat is refused and counted
+  (``async/duplicate_episodes``), never an error. ``async/external_episodes`` counts
+  the accepted ones.
+
 Runs in-process or as a Ray actor (``ray.remote(TrajectoryQueue)``); all methods are
 coroutines on one event loop, so no locks are needed.
 """
@@ -17,10 +39,16 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from agentrl.rollout.episode import EpisodeResult
+from agentrl.rollout.episode import EpisodeResult, episode_from_session
 from agentrl.rollout.staleness import StalenessController
+
+_REFUSAL_COUNTERS = {
+    "duplicate": "duplicate_episodes",
+    "group_full": "external_rejected_group_full",
+    "ungrouped": "external_rejected_ungrouped",
+}
 
 
 @dataclass
@@ -48,12 +76,14 @@ class TrajectoryQueue:
         max_concurrency: int,
         stale_policy: Literal["drop", "downweight"] = "drop",
         stale_weight_decay: float = 0.5,
+        max_response_length: int | None = None,
     ) -> None:
         self.batch_groups = batch_groups
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.stale_policy = stale_policy
         self.stale_weight_decay = stale_weight_decay
+        self.max_response_length = max_response_length
         self._downweighted: set[str] = set()
         self._rule = StalenessController(
             max_staleness=max_staleness,
@@ -64,6 +94,7 @@ class TrajectoryQueue:
         self._complete: OrderedDict[str, list[EpisodeResult]] = OrderedDict()
         self._changed = asyncio.Condition()
         self._seen: set[str] = set()
+        self._full_external_groups: set[str] = set()
         self._counts: Counter[str] = Counter()
         self._closed = False
 
@@ -84,11 +115,68 @@ class TrajectoryQueue:
             )
 
     async def put(self, episode: EpisodeResult) -> None:
-        """A reserved episode finished (ok or failed); each episode id is accepted once."""
+        """A reserved episode finished (ok or failed); each episode id is accepted once.
+
+        An ``external`` episode goes to ``put_external`` (it holds no reservation)."""
+        if episode.external:
+            await self.put_external(episode)
+            return
         if episode.episode_id in self._seen:
             raise ValueError(f"episode {episode.episode_id} was already put")
         self._seen.add(episode.episode_id)
         self._rule.finish(kept=episode.ok)
+        await self._add(episode)
+
+    async def put_session(
+        self,
+        session_id: str,
+        samples: list[dict[str, Any]],
+        reward: float | None,
+        group_id: str | None = None,
+    ) -> str:
+        """A finished gateway session (what the gateway's queue sink sends); see
+        ``put_external``. ``samples`` are the gateway's ``AgentLoopOutput``-shaped dicts."""
+        if group_id is None and self.group_size > 1:
+            if session_id in self._seen:
+                return self._refuse("duplicate")
+            return self._refuse("ungrouped")
+        episode = episode_from_session(
+            session_id,
+            samples,
+            reward,
+            group_id=f"ext:{group_id if group_id is not None else session_id}",
+            max_response_length=self.max_response_length,
+        )
+        if group_id is not None:
+            for output in episode.outputs:
+                output.extra["client_group_id"] = group_id
+        return await self.put_external(episode)
+
+    async def put_external(self, episode: EpisodeResult) -> str:
+        """An episode nobody reserved (e.g. ``episode_from_session``): joins its group in
+        arrival order (``sample_index`` is set here) without touching the staleness rule.
+
+        Returns ``accepted``, or why it was refused (counted, never raised):
+        ``duplicate`` (episode id seen before) or ``group_full`` (its group already
+        has ``group_size`` episodes)."""
+        if episode.episode_id in self._seen:
+            return self._refuse("duplicate")
+        if episode.group_id in self._full_external_groups:
+            return self._refuse("group_full")
+        self._seen.add(episode.episode_id)
+        episode.external = True
+        episode.sample_index = len(self._open.get(episode.group_id, []))
+        self._counts["external_episodes"] += 1
+        if len(self._open.get(episode.group_id, [])) + 1 == self.group_size:
+            self._full_external_groups.add(episode.group_id)
+        await self._add(episode)
+        return "accepted"
+
+    def _refuse(self, reason: str) -> str:
+        self._counts[_REFUSAL_COUNTERS[reason]] += 1
+        return reason
+
+    async def _add(self, episode: EpisodeResult) -> None:
         self._counts["episodes_in"] += 1
         if not episode.ok:
             self._counts["failed_episodes"] += 1
@@ -157,7 +245,8 @@ class TrajectoryQueue:
                 excess = self._staleness(episode) - self.max_staleness if episode.ok else 0
                 if excess > 0 and self.stale_policy == "drop":
                     self._counts["dropped_stale"] += 1
-                    self._rule.discard_accepted()
+                    if not episode.external:  # external episodes never held a rule slot
+                        self._rule.discard_accepted()
                     continue
                 if excess > 0:
                     if episode.episode_id not in self._downweighted:

@@ -5,6 +5,13 @@ A producer task keeps starting episode groups whenever ``TrajectoryQueue`` allow
 updates, and pushes weights while generation goes on (``pause(keep)`` holds in-flight
 requests for the swap only). η = ``trainer.max_staleness``: 0 is the synchronous loop,
 1 one-step-off-policy.
+
+With ``gateway.sink: queue`` (or ``queue:NAME``) the queue actor gets that name in
+``ray.namespace``, and the gateway's queue sink puts finished sessions of free-running
+OpenAI clients into it: they are trained on next to the producer's episodes, grouped by
+their ``x-group-id`` and rewarded by their client (see ``TrajectoryQueue``). With
+``trainer.agent_loop_episodes: false`` the producer does not run: every batch is made of
+gateway sessions.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import ray
 
 from agentrl.rollout.episode import EpisodeRequest, make_requests
 from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.server.gateway.sink import queue_actor_name
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.steps import informative_samples
 from agentrl.trainer.trainer import Trainer, timer
@@ -30,21 +38,18 @@ class AsyncTrainer(Trainer):
 
     async def fit(self) -> list[dict[str, float]]:
         cfg = self.cfg
-        queue = (
-            ray.remote(TrajectoryQueue)
-            .options(max_concurrency=1000)
-            .remote(
-                batch_groups=cfg.data.train_batch_size,
-                group_size=cfg.rollout.n,
-                max_staleness=cfg.trainer.max_staleness,
-                max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
-                stale_policy=cfg.trainer.stale_policy,
+        if not cfg.trainer.agent_loop_episodes and queue_actor_name(cfg.gateway.sink) is None:
+            raise ValueError(
+                "trainer.agent_loop_episodes=false needs episodes from somewhere: set "
+                "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
             )
-        )
+        queue = self._make_queue()
         await queue.set_version.remote(self.version)
         self._rows: dict[str, dict[str, Any]] = {}
         self._gen_clock = _BusyClock()
-        producer = asyncio.create_task(self._produce(queue))
+        producer = asyncio.create_task(
+            self._produce(queue) if cfg.trainer.agent_loop_episodes else asyncio.sleep(0)
+        )
         history = []
         try:
             await self._maybe_validate(force=True)
@@ -66,8 +71,30 @@ class AsyncTrainer(Trainer):
             await queue.close.remote()
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
+            if queue_actor_name(cfg.gateway.sink) is not None:
+                ray.kill(queue)  # free the name for the next run in this Ray session
         self.save_checkpoint()
         return history
+
+    def _make_queue(self) -> ray.actor.ActorHandle:
+        """The queue actor; named for the gateway's queue sink when one is configured."""
+        cfg = self.cfg
+        options: dict[str, Any] = {"max_concurrency": 1000}
+        name = queue_actor_name(cfg.gateway.sink)
+        if name is not None:
+            options |= {"name": name, "namespace": cfg.ray.namespace}
+        return (
+            ray.remote(TrajectoryQueue)
+            .options(**options)
+            .remote(
+                batch_groups=cfg.data.train_batch_size,
+                group_size=cfg.rollout.n,
+                max_staleness=cfg.trainer.max_staleness,
+                max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
+                stale_policy=cfg.trainer.stale_policy,
+                max_response_length=cfg.rollout.max_response_length,
+            )
+        )
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
         """Dynamic sampling drops uninformative groups; the producer never regenerates."""

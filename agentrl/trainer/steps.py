@@ -44,21 +44,38 @@ async def score_episodes(
     """Reward every successful episode's last output; all its outputs share the score.
 
     ``rows`` maps a group id to its dataset row. Failed episodes are skipped (counted).
+    ``external`` episodes (gateway sessions of free-running clients) have no row: each
+    output keeps the reward its client gave (``output.reward``).
     """
     ok = [e for e in episodes if e.ok and e.outputs]
+    by_row = [e for e in ok if not e.external]
     requests = [
         RewardRequest.from_row(
             rows[e.group_id], _decode_response(tokenizer, e.outputs[-1].response_ids)
         )
-        for e in ok
+        for e in by_row
     ]
     scored = await rewards.score_batch(requests)
+    score_of = {e.episode_id: r.score for e, r in zip(by_row, scored.results, strict=True)}
     samples = [
-        Sample(output, episode.group_id, result.score + output.extra.get("tool_reward", 0.0))
-        for episode, result in zip(ok, scored.results, strict=True)
+        Sample(
+            output,
+            episode.group_id,
+            float(output.reward or 0.0)
+            if episode.external
+            else score_of[episode.episode_id] + output.extra.get("tool_reward", 0.0),
+        )
+        for episode in ok
         for output in episode.outputs
     ]
     metrics = dict(scored.metrics)
+    if len(by_row) < len(ok):  # the score statistics cover the clients' rewards too
+        episode_scores = [*score_of.values()]
+        episode_scores += [float(e.outputs[-1].reward or 0.0) for e in ok if e.external]
+        metrics["reward/score/mean"] = float(np.mean(episode_scores))
+        metrics["reward/score/min"] = float(np.min(episode_scores))
+        metrics["reward/score/max"] = float(np.max(episode_scores))
+        metrics["rollout/external_episodes"] = float(len(ok) - len(by_row))
     metrics["rollout/failed_episodes"] = float(len(episodes) - len(ok))
     metrics.update(rollout_metrics(ok))
     return samples, metrics

@@ -73,19 +73,12 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
-        train = build_dataset(cfg.data.train_files, cfg.data, self.tokenizer, name="train")
         self.val_rows = (
             [r.to_dict() for r in build_dataset(cfg.data.val_files, cfg.data, self.tokenizer).rows]
             if cfg.data.val_files
             else []
         )
-        self.loader = RowLoader(
-            [r.to_dict() for r in train.rows],
-            cfg.data.train_batch_size,
-            shuffle=cfg.data.shuffle,
-            seed=cfg.data.seed,
-            drop_last=cfg.data.drop_last,
-        )
+        self.loader = self._row_loader()
         init_ray(cfg.ray)
         self.client = start_rollout_servers(
             cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
@@ -127,6 +120,20 @@ class Trainer:
         if cfg.trainer.resume:
             self._resume()
 
+    def _row_loader(self) -> RowLoader | None:
+        """The training rows; None when only gateway sessions are trained on (async)."""
+        cfg = self.cfg
+        if not cfg.trainer.agent_loop_episodes and not cfg.data.train_files:
+            return None
+        train = build_dataset(cfg.data.train_files, cfg.data, self.tokenizer, name="train")
+        return RowLoader(
+            [r.to_dict() for r in train.rows],
+            cfg.data.train_batch_size,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.data.seed,
+            drop_last=cfg.data.drop_last,
+        )
+
     def shutdown(self) -> None:
         """Stop every worker and the rollout servers."""
         self.tracker.close()
@@ -144,6 +151,11 @@ class Trainer:
 
     async def fit(self) -> list[dict[str, float]]:
         """Train ``trainer.total_steps`` steps; returns each step's logged metrics."""
+        if self.loader is None:
+            raise ValueError(
+                "trainer.agent_loop_episodes=false (gateway sessions only) needs the async "
+                "trainer (`agentrl train` without --sync)"
+            )
         history = []
         if self.version > 0:  # resumed: the servers still hold the initial weights
             await self.sync.push(await asyncio.to_thread(self._gather_weights), self.version)
@@ -301,7 +313,8 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
         path = self.run_dir / "checkpoints" / f"step_{self.step}"
-        extra = {"step": self.step, "version": self.version, "loader": self.loader.state_dict()}
+        loader = self.loader.state_dict() if self.loader is not None else None
+        extra = {"step": self.step, "version": self.version, "loader": loader}
         self.actor.save_checkpoint(str(path), extra=extra)
         logger.info("saved checkpoint %s", path)
         return path
@@ -315,7 +328,8 @@ class Trainer:
             return
         extra = self.actor.load_checkpoint(str(checkpoints[-1]))
         self.step, self.version = extra["step"], extra["version"]
-        self.loader.load_state_dict(extra["loader"])
+        if self.loader is not None and extra.get("loader") is not None:
+            self.loader.load_state_dict(extra["loader"])
         logger.info("resumed from %s at step %d", checkpoints[-1], self.step)
 
     def _save_samples(self, samples: list[Sample]) -> None:

@@ -1,7 +1,8 @@
 """The gateway's FastAPI application: routes, authentication and the body-size limit.
 
 Every route exists twice: ``/v1/...`` (session from the ``x-session-id`` header) and
-``/sessions/{session_id}/v1/...`` for clients that can only set a base URL.
+``/sessions/{session_id}/v1/...`` for clients that can only set a base URL. An
+``x-group-id`` header puts the call's session in a group (one GRPO group in training).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agentrl.server.gateway.protocol import (
     FinishRequest,
     GenerateRequest,
     RewardRequest,
+    SessionRequest,
 )
 from agentrl.server.gateway.responses import (
     ChatChunks,
@@ -122,6 +124,14 @@ def _session_id(path_id: str | None, header_id: str | None) -> str | None:
     return session_id
 
 
+def _group_id(header_id: str | None) -> str | None:
+    if header_id is not None and not _SESSION_ID.fullmatch(header_id):
+        raise GatewayError(
+            400, f"x-group-id {header_id[:140]!r} must match {SESSION_ID_PATTERN}", param="group_id"
+        )
+    return header_id
+
+
 def _routes(app: FastAPI, path: str, endpoint: Callable[..., Any], method: str) -> None:
     """Register ``endpoint`` at ``path`` and at its session-prefixed twin."""
     for prefix in ("", "/sessions/{session_id}"):
@@ -158,9 +168,10 @@ def build_app(service: GatewayService) -> FastAPI:
         request: ChatCompletionRequest,
         session_id: str | None = None,
         x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
     ) -> Any:
         sid = _session_id(session_id, x_session_id)
-        prepared = await service.prepare_chat(request, sid)
+        prepared = await service.prepare_chat(request, sid, _group_id(x_group_id))
         if request.stream:
             chunks = ChatChunks(service.tokenizer, request.logprobs)
             usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -173,9 +184,10 @@ def build_app(service: GatewayService) -> FastAPI:
         request: CompletionRequest,
         session_id: str | None = None,
         x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
     ) -> Any:
         sid = _session_id(session_id, x_session_id)
-        prepared = await service.prepare_completion(request, sid)
+        prepared = await service.prepare_completion(request, sid, _group_id(x_group_id))
         if request.stream:
             usage = bool(request.stream_options and request.stream_options.include_usage)
             events = stream_events(
@@ -189,9 +201,10 @@ def build_app(service: GatewayService) -> FastAPI:
         request: GenerateRequest,
         session_id: str | None = None,
         x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
     ) -> JSONResponse:
         sid = _session_id(session_id, x_session_id)
-        call_id, out = await service.generate_tokens(request, sid)
+        call_id, out = await service.generate_tokens(request, sid, _group_id(x_group_id))
         return JSONResponse(generation(call_id, out))
 
     _routes(app, "/v1/models", list_models, "GET")
@@ -199,6 +212,15 @@ def build_app(service: GatewayService) -> FastAPI:
     _routes(app, "/v1/chat/completions", chat_completions, "POST")
     _routes(app, "/v1/completions", completions, "POST")
     _routes(app, "/v1/generate", generate, "POST")
+
+    @app.post("/v1/sessions/{session_id}")
+    async def open_session(session_id: str, request: SessionRequest | None = None) -> JSONResponse:
+        """Open a session before its first call (idempotent): its group, and whether
+        ``ExternalAgentLoop`` drives it (then training sinks skip it)."""
+        sid = _session_id(session_id, None)
+        options = request or SessionRequest()
+        session = await service.store.open(sid, options.group_id, options.managed)
+        return JSONResponse(session.to_json())
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> JSONResponse:
@@ -221,7 +243,8 @@ def build_app(service: GatewayService) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/finish")
     async def finish(session_id: str, request: FinishRequest | None = None) -> JSONResponse:
         """Finish the session (idempotent): its samples go to the sink; returns them."""
-        session = await service.store.finish(session_id, request.reward if request else None)
+        options = request or FinishRequest()
+        session = await service.store.finish(session_id, options.reward, group_id=options.group_id)
         return JSONResponse(session.to_json())
 
     return app

@@ -58,11 +58,21 @@ class GatewayConfig(BaseModel):
     )
     sink: str = Field(
         "memory",
+        pattern=r"^(memory|queue(:[A-Za-z0-9._@/-]+)?|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
         description="Where finished sessions go: `memory` (kept in the gateway, bounded by "
-        "`sink_capacity`) or an import path `pkg.module:factory` returning a TrajectorySink.",
+        "`sink_capacity`); `queue` or `queue:ACTOR_NAME`: to the training `TrajectoryQueue` "
+        "Ray actor of that name (default `agentrl-trajectory-queue`, looked up in "
+        "`ray.namespace` at the first finished session; `agentrl train` with the "
+        "AsyncTrainer creates it under that name), so sessions of free-running clients are "
+        "trained on like the agent loops' episodes (group them with the `x-group-id` "
+        "header; sessions driven by ExternalAgentLoop are skipped, the loop returns them); "
+        "or an import path `pkg.module:factory` returning a TrajectorySink.",
     )
     sink_capacity: int = Field(
-        10_000, ge=1, description="Finished sessions the in-memory sink keeps (oldest dropped)."
+        10_000,
+        ge=1,
+        description="Finished sessions the in-memory sink keeps, and the queue sink holds "
+        "while the queue actor is unreachable (oldest dropped).",
     )
     request_timeout_s: float = Field(
         600.0, gt=0, description="Time limit of one generation; the request gets 504 beyond."

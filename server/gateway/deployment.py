@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
@@ -29,7 +30,11 @@ class Gateway:
     the rollout deployment (whose affinity router then lives in this process)."""
 
     def __init__(
-        self, gateway: dict[str, Any], model: dict[str, Any], server: dict[str, Any]
+        self,
+        gateway: dict[str, Any],
+        model: dict[str, Any],
+        server: dict[str, Any],
+        namespace: str | None = None,
     ) -> None:
         gateway_cfg = GatewayConfig(**gateway)
         model_cfg = ModelConfig(**model)
@@ -49,7 +54,7 @@ class Gateway:
             gateway_cfg,
             model_name=gateway_cfg.served_model_name or model_cfg.path,
             max_model_len=server_cfg.engine.max_model_len,
-            sink=load_sink(gateway_cfg.sink, gateway_cfg.sink_capacity),
+            sink=load_sink(gateway_cfg.sink, gateway_cfg.sink_capacity, namespace=namespace),
             model_aliases=(model_cfg.path,),
         )
         logger.info("gateway ready for %s (rollout app %r)", model_cfg.path, server_cfg.name)
@@ -64,9 +69,18 @@ class Gateway:
 
 
 def build_gateway_app(
-    gateway: GatewayConfig, model: ModelConfig, server: ServerConfig
+    gateway: GatewayConfig,
+    model: ModelConfig,
+    server: ServerConfig,
+    namespace: str | None = None,
 ) -> Application:
-    """The Serve application of the gateway (one replica; sessions live in it)."""
+    """The Serve application of the gateway (one replica; sessions live in it).
+
+    ``namespace``: the Ray namespace in which ``gateway.sink: queue[:NAME]`` looks the
+    trajectory queue actor up; None = this driver's namespace (``ray.namespace``).
+    """
+    if namespace is None and ray.is_initialized():
+        namespace = ray.get_runtime_context().namespace
     deployment = serve.deployment(Gateway).options(
         name=GATEWAY_DEPLOYMENT_NAME,
         num_replicas=1,
@@ -74,7 +88,7 @@ def build_gateway_app(
         ray_actor_options={"num_cpus": gateway.num_cpus},
         graceful_shutdown_timeout_s=5,
     )
-    return deployment.bind(gateway.model_dump(), model.model_dump(), server.model_dump())
+    return deployment.bind(gateway.model_dump(), model.model_dump(), server.model_dump(), namespace)
 
 
 def gateway_url(gateway: GatewayConfig, server: ServerConfig) -> str:
@@ -83,11 +97,16 @@ def gateway_url(gateway: GatewayConfig, server: ServerConfig) -> str:
     return f"http://{server.http_host}:{server.http_port}{prefix}/v1"
 
 
-def start_gateway(gateway: GatewayConfig, model: ModelConfig, server: ServerConfig) -> str:
+def start_gateway(
+    gateway: GatewayConfig,
+    model: ModelConfig,
+    server: ServerConfig,
+    namespace: str | None = None,
+) -> str:
     """Deploy the gateway in front of running rollout servers; returns its base URL.
 
     Call after ``start_rollout_servers`` (which starts Serve's HTTP proxy on
-    ``server.http_host:server.http_port``).
+    ``server.http_host:server.http_port``). ``namespace`` as in ``build_gateway_app``.
     """
     if not gateway.api_key and server.http_host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning(
@@ -95,7 +114,7 @@ def start_gateway(gateway: GatewayConfig, model: ModelConfig, server: ServerConf
             server.http_host,
         )
     serve.run(
-        build_gateway_app(gateway, model, server),
+        build_gateway_app(gateway, model, server, namespace),
         name=gateway.app_name,
         route_prefix=gateway.route_prefix,
     )

@@ -184,7 +184,23 @@ class RewardRequest(_Body):
         return self
 
 
+class SessionRequest(_Body):
+    """``POST /v1/sessions/{id}``: open a session before its first call."""
+
+    group_id: str | None = Field(
+        None,
+        pattern=SESSION_ID_PATTERN,
+        description="the session's group (as `x-group-id`): one GRPO group in training",
+    )
+    managed: bool = Field(
+        False,
+        description="driven by ExternalAgentLoop, which takes the samples from finish; "
+        "training sinks (`gateway.sink: queue`) skip it",
+    )
+
+
 class FinishRequest(_Body):
-    """``POST /v1/sessions/{id}/finish``: optional final session reward."""
+    """``POST /v1/sessions/{id}/finish``: optional final session reward and group."""
 
     reward: float | None = None
+    group_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)

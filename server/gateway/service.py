@@ -166,14 +166,19 @@ class GatewayService:
             seed=fields.seed,
         )
 
+    async def _open(self, session_id: str | None, group_id: str | None) -> Session | None:
+        if group_id is not None and session_id is None:
+            raise GatewayError(400, "x-group-id needs a session (x-session-id or /sessions/{id})")
+        return await self.store.open(session_id, group_id) if session_id else None
+
     async def prepare_chat(
-        self, request: ChatCompletionRequest, session_id: str | None
+        self, request: ChatCompletionRequest, session_id: str | None, group_id: str | None = None
     ) -> PreparedCall:
         """Validate a chat request and build its prompt ids."""
         model = self.check_model(request.model)
         if self.template is None:
             raise GatewayError(400, "this model has no chat template; use /v1/completions")
-        session = await self.store.open(session_id) if session_id else None
+        session = await self._open(session_id, group_id)
         messages = [template_message(m) for m in request.messages]
         tools = template_tools(request.tools)
         wanted = ("chat", tools_key(request.tools), tuple(message_key(m) for m in messages))
@@ -215,11 +220,11 @@ class GatewayService:
         return self.template.prompt_ids(messages, tools), 0
 
     async def prepare_completion(
-        self, request: CompletionRequest, session_id: str | None
+        self, request: CompletionRequest, session_id: str | None, group_id: str | None = None
     ) -> PreparedCall:
         """Validate a text-completion request and build its prompt ids."""
         model = self.check_model(request.model)
-        session = await self.store.open(session_id) if session_id else None
+        session = await self._open(session_id, group_id)
         reused = 0
         text_prompt = request.prompt if isinstance(request.prompt, str) else None
         if text_prompt is None:
@@ -258,7 +263,7 @@ class GatewayService:
         return CallResult(prepared, choices)
 
     async def generate_tokens(
-        self, request: GenerateRequest, session_id: str | None
+        self, request: GenerateRequest, session_id: str | None, group_id: str | None = None
     ) -> tuple[str, TokenOutput]:
         """``/v1/generate``: one token-level call (recorded, linked by ids alone)."""
         self.check_model(request.model)
@@ -281,7 +286,7 @@ class GatewayService:
             stop_token_ids=list(request.stop_token_ids),
             ignore_eos=request.ignore_eos,
         )
-        session = await self.store.open(session_id) if session_id else None
+        session = await self._open(session_id, group_id)
         prepared = PreparedCall(
             call_id=new_id("gen-"),
             model=self.model_name,

@@ -13,6 +13,10 @@ A call that continues no record starts a new sample (a *divergence*: the client 
 history, or the template renders it differently); a call that continues a record some
 other call already continued starts a new sample too (a *branch*: retries, ``n > 1``).
 Both are counted in the session's metrics.
+
+A session may belong to a client-given *group* (``x-group-id``; sessions of one group
+are one GRPO group in the trainer) and may be *managed* (driven by ``ExternalAgentLoop``,
+which takes its samples from ``finish``); both reach the sink in ``SessionInfo``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.server.gateway.errors import GatewayError
-from agentrl.server.gateway.sink import TrajectorySink
+from agentrl.server.gateway.sink import SessionInfo, TrajectorySink, accepts_info
 from agentrl.server.types import TokenOutput
 
 logger = logging.getLogger(__name__)
@@ -88,10 +92,29 @@ class Session:
     call_rewards: dict[str, float] = field(default_factory=dict)
     finished_at: float | None = None
     finish_reason: str | None = None
+    group_id: str | None = None
+    managed: bool = False
 
     @property
     def finished(self) -> bool:
         return self.finished_at is not None
+
+    def join_group(self, group_id: str | None) -> None:
+        """Put the session in ``group_id`` (None: no change); 409 if it is in another."""
+        if group_id is None or group_id == self.group_id:
+            return
+        if self.group_id is not None:
+            raise GatewayError(
+                409,
+                f"session {self.session_id!r} is in group {self.group_id!r}, not {group_id!r}",
+                param="group_id",
+                code="group_conflict",
+            )
+        self.group_id = group_id
+
+    @property
+    def info(self) -> SessionInfo:
+        return SessionInfo(self.group_id, self.managed, self.finish_reason or "finished")
 
     def _is_tip(self, record: CallRecord) -> bool:
         return self.samples[record.sample][-1] == record.index
@@ -226,6 +249,8 @@ class Session:
             "finish_reason": self.finish_reason,
             "reward": self.reward,
             "call_rewards": dict(self.call_rewards),
+            "group_id": self.group_id,
+            "managed": self.managed,
             "metrics": self.metrics(),
             "samples": [self.build_sample(chain) for chain in self.samples],
         }
@@ -248,6 +273,7 @@ class SessionStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sink = sink
+        self._sink_takes_info = accepts_info(sink)
         self._max_sessions = max_sessions
         self._ttl_s = ttl_s
         self._clock = clock
@@ -264,8 +290,11 @@ class SessionStore:
             raise GatewayError(404, f"session {session_id!r} not found", code="session_not_found")
         return session
 
-    async def open(self, session_id: str) -> Session:
-        """The session to record a call in (created if new); 409 if it is finished."""
+    async def open(
+        self, session_id: str, group_id: str | None = None, managed: bool = False
+    ) -> Session:
+        """The session to record a call in (created if new); 409 if it is finished or
+        in another group than ``group_id``. ``managed`` marks it as ``ExternalAgentLoop``'s."""
         await self.sweep()
         now = self._clock()
         session = self._sessions.get(session_id)
@@ -279,6 +308,8 @@ class SessionStore:
                 f"session {session_id!r} is finished; start a new session id",
                 code="session_finished",
             )
+        session.join_group(group_id)
+        session.managed = session.managed or managed
         session.last_active = now
         return session
 
@@ -320,28 +351,39 @@ class SessionStore:
         return session
 
     async def finish(
-        self, session_id: str, reward: float | None = None, reason: str = "finished"
+        self,
+        session_id: str,
+        reward: float | None = None,
+        reason: str = "finished",
+        group_id: str | None = None,
     ) -> Session:
         """Finish the session (idempotent) and send its samples to the sink once;
-        ``reward``, if given, becomes the session reward first."""
+        ``reward`` and ``group_id``, if given, are set first."""
         session = self.get(session_id)
         if session.finished:
             return session
+        session.join_group(group_id)
         if reward is not None:
             session.reward = reward
         session.finished_at = self._clock()
         session.finish_reason = reason
         samples = [session.build_sample(chain) for chain in session.samples]
-        await self._sink.put(session_id, samples, session.reward)
+        if self._sink_takes_info:
+            await self._sink.put(session_id, samples, session.reward, session.info)  # type: ignore[call-arg]
+        else:
+            await self._sink.put(session_id, samples, session.reward)
         logger.debug("session %s %s with %d sample(s)", session_id, reason, len(samples))
         return session
 
     async def sweep(self) -> None:
-        """Expire idle sessions and forget old finished ones (at most once a second)."""
+        """Expire idle sessions and forget old finished ones (at most once a second);
+        retry a sink that holds undelivered sessions (``held`` / ``flush``)."""
         now = self._clock()
         if now < self._next_sweep:
             return
         self._next_sweep = now + 1.0
+        if getattr(self._sink, "held", 0):
+            await self._sink.flush()  # type: ignore[attr-defined]
         for session in list(self._sessions.values()):
             if session.finished and now - (session.finished_at or now) > self._ttl_s:
                 del self._sessions[session.session_id]

@@ -30,7 +30,8 @@ def add_tool():
 
 @pytest.fixture
 def make_gateway(tokenizer):
-    """``make_gateway(script=None, **gateway_config) -> (service, engine, TestClient)``.
+    """``make_gateway(script=None, sink=None, **gateway_config) -> (service, engine, TestClient)``
+    (``sink`` None = an ``InMemorySink``).
 
     The default script alternates a Hermes call ``add(a=2, b=40)`` (even turns) and
     ``The answer is <42 + turn>.`` (odd turns), each ending with the end-of-turn token.
@@ -40,10 +41,10 @@ def make_gateway(tokenizer):
         text = CALL_TEXT if turn % 2 == 0 else f"The answer is {42 + turn}."
         return [*tokenizer.encode(text), tokenizer.eos_token_id]
 
-    def make(script=None, **config):
+    def make(script=None, sink=None, **config):
         engine = ScriptedClient(script or default_script)
         cfg = GatewayConfig(**{"served_model_name": "tiny", **config})
-        service = GatewayService(engine, tokenizer, cfg, "tiny", 1024, InMemorySink())
+        service = GatewayService(engine, tokenizer, cfg, "tiny", 1024, sink or InMemorySink())
         return service, engine, TestClient(build_app(service))
 
     return make
