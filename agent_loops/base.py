@@ -104,7 +104,9 @@ class AgentLoopBase(ABC):
 
     def turn_sampling(self, sampling: SamplingParams, budget: int) -> SamplingParams:
         """``sampling`` with ``max_tokens`` capped by the remaining response budget."""
-        return replace(sampling, max_tokens=max(1, min(sampling.max_tokens, budget)))
+        if sampling.max_tokens <= budget:
+            return sampling
+        return replace(sampling, max_tokens=max(1, budget))
 
     @abstractmethod
     async def run(

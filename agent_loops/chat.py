@@ -15,26 +15,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agentrl.chat_template import ChatTemplate
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# A fixed conversation to diff against: the delta of new messages is what the template
-# adds after a finished assistant turn.
-_BASE = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
-
-
 # One thread for all template work of a process: renders and tokenizations are short and
 # hold the GIL, so more threads only add switching; the event loop stays free either way.
 _TEMPLATE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chat-template")
+# Cached renders of at most this many characters are tokenized on the event loop: the
+# tokenizer takes microseconds for them, less than handing them to the thread.
+_INLINE_CHARS = 4096
 
 
 async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_TEMPLATE_THREAD, fn, *args)
-
-
-class ChatTemplateError(ValueError):
-    """The chat template cannot produce append-only deltas for these messages."""
 
 
 @dataclass
@@ -52,6 +48,8 @@ class ChatRenderer:
 
     ``tools`` (OpenAI tool dicts) go to the template's ``tools=`` argument, or, with
     ``tools_system_prompt``, into a system message for templates that ignore ``tools=``.
+    Renders whose shape is cached (see ``agentrl.chat_template``) and short are done on
+    the event loop; the rest go to the template thread.
     """
 
     def __init__(
@@ -59,12 +57,16 @@ class ChatRenderer:
         tokenizer: Any,
         tools: list[dict[str, Any]] | None = None,
         tools_system_prompt: str | None = None,
+        fast_path: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
-        self._tools = tools or None
         self._tools_system_prompt = tools_system_prompt
+        self.template = ChatTemplate(
+            tokenizer, None if tools_system_prompt else tools, fast_path=fast_path
+        )
         self._eos_text = tokenizer.eos_token or ""
-        self._base_text: str | None = None
+        # Read once: attribute access on transformers tokenizers is slow.
+        self.eos_token_id: int | None = tokenizer.eos_token_id
 
     def _with_tools_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self._tools_system_prompt:
@@ -77,10 +79,7 @@ class ChatRenderer:
 
     def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """The template's text for ``messages`` (synchronous)."""
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if self._tools and not self._tools_system_prompt:
-            kwargs["tools"] = self._tools
-        return self.tokenizer.apply_chat_template(self._with_tools_prompt(messages), **kwargs)
+        return self.template.render(self._with_tools_prompt(messages), add_generation_prompt)
 
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -91,6 +90,9 @@ class ChatRenderer:
 
     async def encode_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the initial prompt, ending with the assistant header."""
+        text = self.template.cached_render(self._with_tools_prompt(messages), True)
+        if text is not None and len(text) <= _INLINE_CHARS:
+            return self.encode_text(text)
         return await _off_loop(self.encode_messages, messages, True)
 
     def delta_text(self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool) -> str:
@@ -100,29 +102,27 @@ class ChatRenderer:
         ``turn_ended_with_eos``: the model's tokens already end with the end-of-turn token
         (the usual case); otherwise the end-of-turn text is added here.
         """
-        if self._base_text is None:
-            self._base_text = self.render_text(_BASE, add_generation_prompt=False)
-        base = self._base_text
-        full = self.render_text(_BASE + new_messages, add_generation_prompt=True)
-        if not full.startswith(base):
-            raise ChatTemplateError(
-                "the chat template renders earlier messages differently once new ones are "
-                f"added, so no append-only delta exists for roles "
-                f"{[m['role'] for m in new_messages]}"
-            )
-        trailer = base[base.rindex(_BASE[-1]["content"]) + len(_BASE[-1]["content"]) :]
-        if turn_ended_with_eos and self._eos_text and trailer.startswith(self._eos_text):
-            trailer = trailer[len(self._eos_text) :]
-        return trailer + full[len(base) :]
+        return self.template.delta_text(new_messages, self._drop_prefix(turn_ended_with_eos))
 
     async def encode_delta(
         self, new_messages: list[dict[str, Any]], turn_ended_with_eos: bool
     ) -> list[int]:
         """Token ids of ``delta_text`` (only the new messages are tokenized)."""
+        drop = self._drop_prefix(turn_ended_with_eos)
+        text = self.template.cached_delta_text(new_messages, drop)
+        if text is not None and len(text) <= _INLINE_CHARS:
+            return self.encode_text(text)
         return await _off_loop(self._encode_delta, new_messages, turn_ended_with_eos)
 
     def _encode_delta(self, new_messages: list[dict[str, Any]], ended: bool) -> list[int]:
         return self.encode_text(self.delta_text(new_messages, ended))
+
+    def _encode_full(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The conversation rendered by the template itself (never the shape cache)."""
+        return self.encode_text(self.template.render_full(self._with_tools_prompt(messages), False))
+
+    def _drop_prefix(self, turn_ended_with_eos: bool) -> str:
+        return self._eos_text if turn_ended_with_eos else ""
 
     async def check_drift(
         self, messages: list[dict[str, Any]], accumulated_ids: list[int]
@@ -132,7 +132,7 @@ class ChatRenderer:
         The accumulated ids must be a prefix of the render (the render may add the final
         turn's trailing newline). A mismatch is logged with its first position.
         """
-        rendered = await _off_loop(self.encode_messages, messages, False)
+        rendered = await _off_loop(self._encode_full, messages)
         first = next(
             (i for i, (a, b) in enumerate(zip(accumulated_ids, rendered, strict=False)) if a != b),
             None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import InitVar, dataclass, field
+from itertools import compress
 from typing import Any
 
 ENV_TOKEN_VERSION = -1
@@ -32,11 +34,14 @@ class AgentLoopOutput:
     reward: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    check_tokens: InitVar[bool] = True
+    """False skips the per-token rules (not the length checks) for producers whose
+    construction guarantees them, such as ``TrajectoryBuilder``."""
 
-    def __post_init__(self) -> None:
-        self.validate()
+    def __post_init__(self, check_tokens: bool) -> None:
+        self.validate(check_tokens)
 
-    def validate(self) -> None:
+    def validate(self, check_tokens: bool = True) -> None:
         """Raise ``TrajectoryError`` unless all per-token lists are consistent."""
         n = len(self.response_ids)
         lengths = {
@@ -49,6 +54,21 @@ class AgentLoopOutput:
             raise TrajectoryError(f"response_ids has {n} tokens but {wrong}")
         if not self.prompt_ids:
             raise TrajectoryError("prompt_ids is empty")
+        if check_tokens and not self._tokens_consistent():
+            self._raise_first_inconsistency()
+
+    def _tokens_consistent(self) -> bool:
+        """The per-token rules, checked with C-level iteration (the common, valid case)."""
+        mask, versions = self.response_mask, self.response_versions
+        if not set(mask) <= {0, 1}:
+            return False
+        env = list(map(operator.not_, mask))
+        masked_versions_ok = set(compress(versions, env)) <= {ENV_TOKEN_VERSION}
+        masked_logprobs_ok = not any(compress(self.response_logprobs, env))
+        model_versions_ok = min(compress(versions, mask), default=0) >= 0
+        return masked_versions_ok and masked_logprobs_ok and model_versions_ok
+
+    def _raise_first_inconsistency(self) -> None:
         for i, (m, lp, v) in enumerate(
             zip(self.response_mask, self.response_logprobs, self.response_versions, strict=True)
         ):

@@ -105,7 +105,7 @@ class ToolAgentLoop(AgentLoopBase):
                 return "response_budget"
 
     def _ended_with_eos(self, out: TokenOutput) -> bool:
-        return bool(out.token_ids) and out.token_ids[-1] == self.tokenizer.eos_token_id
+        return bool(out.token_ids) and out.token_ids[-1] == self.renderer.eos_token_id
 
     @staticmethod
     def _count_calls(results: list[CallResult], stats: Counter[str]) -> None:

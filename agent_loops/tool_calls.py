@@ -113,11 +113,9 @@ class ToolCallExecutor:
         async with self._limit:
             start = time.perf_counter()
             try:
-                instance_id = await self._instance(call.name, tool)
-                response, reward, metrics = await asyncio.wait_for(
-                    tool.execute(instance_id, call.arguments),
-                    timeout=self._timeout_s,
-                )
+                async with asyncio.timeout(self._timeout_s):
+                    instance_id = await self._instance(call.name, tool)
+                    response, reward, metrics = await tool.execute(instance_id, call.arguments)
             except TimeoutError:
                 text = f"Error: tool {call.name!r} timed out after {self._timeout_s:g} s."
                 return CallResult(

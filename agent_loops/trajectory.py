@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput
+from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput, TrajectoryError
 from agentrl.server.types import TokenOutput
 
 
@@ -34,8 +34,16 @@ class TrajectoryBuilder:
 
     def add_model_turn(self, out: TokenOutput) -> None:
         """Append the engine's tokens with their logprobs and versions (mask 1)."""
+        n = len(out.token_ids)
+        if len(out.logprobs) != n or len(out.token_versions) != n:
+            raise TrajectoryError(
+                f"engine turn has {n} tokens, {len(out.logprobs)} logprobs and "
+                f"{len(out.token_versions)} versions"
+            )
+        if n and min(out.token_versions) < 0:
+            raise TrajectoryError(f"engine turn has a token without a policy version: {out}")
         self.response_ids += out.token_ids
-        self.response_mask += [1] * len(out.token_ids)
+        self.response_mask += [1] * n
         self.response_logprobs += out.logprobs
         self.response_versions += out.token_versions
         self.num_turns += 1
@@ -67,4 +75,6 @@ class TrajectoryBuilder:
             num_turns=self.num_turns,
             metrics=dict(metrics or {}),
             extra=dict(extra or {}),
+            # Every append above keeps the per-token rules; only lengths are re-checked.
+            check_tokens=False,
         )

@@ -101,8 +101,13 @@ async def _framework(worker: AgentLoopWorker, loops: int) -> float:
     return elapsed
 
 
-async def _bare_episode(client, renderer: ChatRenderer, tools, parser, session: str) -> int:
-    """The same work as ToolAgentLoop, written inline: no builder, no metrics, no limits."""
+async def _bare_episode(
+    client, renderer: ChatRenderer, tools, parser, session: str
+) -> tuple[int, list[int]]:
+    """The same work as ToolAgentLoop, written inline: no builder, no metrics, no limits.
+
+    Returns the turn count and the conversation's token ids (the least a rollout keeps).
+    """
     tokenizer = renderer.tokenizer
     ids = await renderer.encode_prompt([{"role": "user", "content": "Echo one."}])
     executor = ToolCallExecutor(tools, 4, 30.0)
@@ -114,7 +119,7 @@ async def _bare_episode(client, renderer: ChatRenderer, tools, parser, session: 
         parsed = parser.parse(tokenizer.decode(out.token_ids[:-1]))
         if not parsed.calls:
             await executor.release()
-            return turns
+            return turns, ids
         results = await executor.run_turn(parsed)
         messages = [{"role": "tool", "content": r.text} for r in results]
         ids = ids + await renderer.encode_delta(messages, True)
@@ -124,14 +129,14 @@ async def _bare(worker: AgentLoopWorker, loops: int) -> float:
     client = NullClient(worker.tokenizer)
     parser = get_tool_parser("hermes")
     start = time.perf_counter()
-    turns = await asyncio.gather(
+    episodes = await asyncio.gather(
         *(
             _bare_episode(client, worker.renderer, worker.tools, parser, f"bare-{i}")
             for i in range(loops)
         )
     )
     elapsed = time.perf_counter() - start
-    assert turns == [TURNS] * loops
+    assert [turns for turns, _ in episodes] == [TURNS] * loops
     return elapsed
 
 

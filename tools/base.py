@@ -8,7 +8,6 @@ Stateless tools only implement ``execute``.
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,6 +15,7 @@ from typing import Any
 
 import jsonschema
 
+from agentrl.ids import new_id
 from agentrl.tools.schema import OpenAIFunctionToolSchema
 
 __all__ = ["BaseTool", "ToolArgumentError", "ToolResponse"]
@@ -99,8 +99,8 @@ class BaseTool(ABC):
             raise ToolArgumentError(self.name, [_describe(error) for error in errors])
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
-        """Start per-trajectory state; returns the instance id (a new uuid if none given)."""
-        return instance_id or uuid.uuid4().hex
+        """Start per-trajectory state; returns the instance id (a new random id if none given)."""
+        return instance_id or new_id()
 
     @abstractmethod
     async def execute(

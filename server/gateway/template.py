@@ -2,23 +2,22 @@
 
 A delta is the text the template adds after an assistant turn that is already in token
 form, so the next prompt can reuse the exact ids the engine produced and tokenize only
-the new messages. It is found by rendering a fixed two-message conversation with and
-without the new messages and taking the difference (the same idea as the agent loops'
-``ChatRenderer``, which the server may not import).
+the new messages (``agentrl.chat_template`` finds it). Requests bring their own tool
+lists, so one shared template object is kept per distinct tool list.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+from collections import OrderedDict
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from agentrl.chat_template import ChatTemplate as ToolsTemplate
+from agentrl.chat_template import TemplateError
 
-_BASE = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+__all__ = ["ChatTemplate", "TemplateError"]
 
-
-class TemplateError(ValueError):
-    """The chat template cannot render these messages (or no append-only delta exists)."""
+_MAX_TOOL_LISTS = 256
 
 
 class ChatTemplate:
@@ -33,6 +32,17 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.supports_tools = "tools" in tokenizer.chat_template
         self._special_ids = set(tokenizer.all_special_ids)
+        self._by_tools: OrderedDict[str, ToolsTemplate] = OrderedDict()
+
+    def _for(self, tools: list[dict[str, Any]] | None) -> ToolsTemplate:
+        key = json.dumps(tools or None, sort_keys=True, default=str)
+        template = self._by_tools.get(key)
+        if template is None:
+            template = self._by_tools[key] = ToolsTemplate(self.tokenizer, tools)
+            if len(self._by_tools) > _MAX_TOOL_LISTS:
+                self._by_tools.popitem(last=False)
+        self._by_tools.move_to_end(key)
+        return template
 
     def render(
         self,
@@ -41,13 +51,7 @@ class ChatTemplate:
         add_generation_prompt: bool,
     ) -> str:
         """The template's text for ``messages``; ``TemplateError`` if the template refuses."""
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = tools
-        try:
-            return self.tokenizer.apply_chat_template(messages, **kwargs)
-        except Exception as exc:  # jinja raises anything, incl. template-defined errors
-            raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
+        return self._for(tools).render_full(messages, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -71,17 +75,7 @@ class ChatTemplate:
         template writes after an assistant message (the end-of-turn token), it is not
         written again.
         """
-        base = self.render(_BASE, tools, add_generation_prompt=False)
-        full = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
-        if not full.startswith(base):
-            raise TemplateError(
-                "the chat template renders earlier messages differently once new ones are "
-                f"added (roles {[m['role'] for m in new_messages]}); no append-only delta"
-            )
-        answer = _BASE[-1]["content"]
-        trailer = base[base.rindex(answer) + len(answer) :]
+        drop = ""
         if last_token is not None and last_token in self._special_ids:
-            token_text = self.tokenizer.decode([last_token], skip_special_tokens=False)
-            if token_text and trailer.startswith(token_text):
-                trailer = trailer[len(token_text) :]
-        return self.encode(trailer + full[len(base) :])
+            drop = self.tokenizer.decode([last_token], skip_special_tokens=False)
+        return self.encode(self._for(tools).delta_text(new_messages, drop))
