@@ -263,7 +263,7 @@ class BroadcastGroup:
         pg, self._pg, self._store = self._pg, None, None
         if pg is not None and self.spec.backend == "nccl":
             try:
-                pg.shutdown()
+                (getattr(pg, "shutdown", None) or pg._shutdown)()
             except Exception as exc:
                 logger.warning("closing the NCCL weight-broadcast group: %s", exc)
 
@@ -315,9 +315,10 @@ def _make_backend(
         return ProcessGroupGloo(prefixed, rank, spec.world_size, opts)
     from torch.distributed import ProcessGroupNCCL  # only in CUDA builds of torch
 
-    opts = ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    return ProcessGroupNCCL(prefixed, rank, spec.world_size, opts)
+    # NCCL finds the interface itself (NCCL_SOCKET_IFNAME to choose); the device is the
+    # tensors'. Rank 0 and the vLLM workers must sit on different GPUs (NCCL refuses two
+    # ranks of one communicator on one device).
+    return ProcessGroupNCCL(prefixed, rank, spec.world_size, timeout)
 
 
 def _safe_count(store: TCPStore | None) -> str:

@@ -28,6 +28,7 @@ from agentrl.trainer.model import (
     load_value_model,
     to_hf_state_dict,
 )
+from agentrl.weight_sync import BroadcastRoot, bucketize
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,42 @@ class ActorWorker(ReferenceWorker):
             return
         bucket_bytes = int((bucket_mb or self.config.weight_sync_bucket_mb) * 2**20)
         yield from iter_buckets(to_hf_state_dict(state, self.config.lora), bucket_bytes)
+
+    # -- collective weight sync: rank 0 is the root of the weight-broadcast group ------
+
+    def broadcast_host(
+        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        """Rank 0: start the weight-broadcast group's store here; returns its ``GroupSpec``."""
+        return self._broadcast_root().host(backend, world_size, group_id, join_timeout_s, timeout_s)
+
+    def broadcast_connect(self) -> None:
+        """Rank 0: block until every rollout worker joined (or the join timeout)."""
+        self._broadcast_root().connect()
+
+    def broadcast_stage(self, dtype: str | None, bucket_bytes: int) -> list[Any] | None:
+        """Gather the full weights (collective: every rank); rank 0 keeps them as buckets
+        (a decoder layer never split, floats cast to ``dtype``) and returns their plans."""
+        state = full_state_dict(self.model)
+        if self.rank != 0:
+            return None
+        hf_state = to_hf_state_dict(state, self.config.lora)
+        return self._broadcast_root().stage(bucketize(hf_state.items(), bucket_bytes), dtype)
+
+    def broadcast_send(self) -> None:
+        """Rank 0: broadcast the staged buckets to the rollout workers."""
+        self._broadcast_root().send()
+
+    def broadcast_close(self) -> None:
+        self._broadcast_root().close()
+
+    def _broadcast_root(self) -> BroadcastRoot:
+        if self.rank != 0:
+            raise RuntimeError(f"rank {self.rank} is not the weight-broadcast root (rank 0 is)")
+        root = getattr(self, "_root", None)
+        if root is None:
+            root = self._root = BroadcastRoot()
+        return root
 
 
 class CriticWorker(FSDPWorkerBase):

@@ -42,7 +42,7 @@ from agentrl.trainer.steps import (
     score_episodes,
     staleness_metrics,
 )
-from agentrl.weight_sync import ObjectStoreSync
+from agentrl.weight_sync import make_weight_sync
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +109,13 @@ class Trainer:
         self.rewards = RewardManager.from_config(cfg.reward)
         self.loss_fn = make_actor_loss(cfg.algorithm)
         self.critic_loss_fn = make_critic_loss(cfg.algorithm)
-        self.sync = ObjectStoreSync(
+        self.sync = make_weight_sync(
+            cfg.trainer.weight_sync,
             self.client,
             bucket_bytes=int(cfg.trainer.weight_sync_bucket_mb * 1024**2),
             pause_mode=cfg.trainer.weight_sync_pause_mode,
+            join_timeout_s=cfg.trainer.weight_sync_join_timeout_s,
+            timeout_s=cfg.trainer.weight_sync_timeout_s,
         )
         self.tracker = MetricsLogger.from_config(
             self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
@@ -158,7 +161,7 @@ class Trainer:
             )
         history = []
         if self.version > 0:  # resumed: the servers still hold the initial weights
-            await self.sync.push(await asyncio.to_thread(self._gather_weights), self.version)
+            await self.sync.push_from(self.actor, self.version)
         await self._maybe_validate(force=True)
         while self.step < self.cfg.trainer.total_steps:
             metrics: dict[str, float] = {}
@@ -263,11 +266,8 @@ class Trainer:
     async def push_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout replica as the next version."""
         self.version += 1
-        timings = await self.sync.push(await asyncio.to_thread(self._gather_weights), self.version)
+        timings = await self.sync.push_from(self.actor, self.version)
         return timings.metrics()
-
-    def _gather_weights(self) -> list[tuple[str, Any]]:
-        return list(self.actor.named_weights())
 
     async def _behaviour_log_probs(self, batch: Batch) -> dict[str, float]:
         if self.cfg.trainer.old_log_probs == "rollout":

@@ -20,7 +20,9 @@ from agentrl.config import load_config
 from agentrl.server.collective import CollectiveSyncError
 from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
-from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync
+from agentrl.trainer.config import ActorConfig
+from agentrl.trainer.group import ActorGroup
+from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync, make_weight_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -66,6 +68,12 @@ def perturbed(tiny_checkpoint):
     ]
 
 
+@pytest.fixture(scope="module")
+async def original(client, tokenizer):
+    """Greedy answer under the checkpoint's own weights (before any push)."""
+    return await client.generate(None, _prompt(tokenizer, "What is 40 + 2?"), GREEDY)
+
+
 def _prompt(tokenizer, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
     return tokenizer.apply_chat_template(
@@ -80,9 +88,11 @@ async def _greedy_everywhere(client, prompt):
     return outs
 
 
-async def test_gloo_broadcast_loads_the_weights_on_every_replica(client, tokenizer, perturbed):
+async def test_gloo_broadcast_loads_the_weights_on_every_replica(
+    client, tokenizer, perturbed, original
+):
     prompt = _prompt(tokenizer, "What is 40 + 2?")
-    before = await client.generate(None, prompt, GREEDY)
+    before = original
     sync = CollectiveBroadcastSync(client, backend="gloo", bucket_bytes=256 * 1024)
     long = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
     in_flight = asyncio.create_task(client.generate("s-keep", _prompt(tokenizer, "Go"), long))
@@ -135,3 +145,24 @@ async def test_a_replica_that_cannot_join_fails_within_the_timeout(client, pertu
     await sync.push(perturbed, version=5)
     assert [s["weight_version"] for s in await client.stats()] == [5, 5]
     await sync.close()
+
+
+async def test_the_fsdp_actor_rank0_broadcasts_its_gathered_weights(
+    client, tokenizer, tiny_checkpoint, original
+):
+    """The trainer path: ``push_from(actor)`` makes FSDP rank 0 (of 2) the sender."""
+    actor = ActorGroup(ActorConfig(world_size=2, num_cpus_per_worker=0.5), str(tiny_checkpoint))
+    try:
+        sync = make_weight_sync("gloo", client, bucket_bytes=256 * 1024)
+        timings = await sync.push_from(actor, version=6)
+        assert timings.num_buckets > 1
+        assert [s["weight_version"] for s in await client.stats()] == [6, 6]
+        # The actor holds the checkpoint's weights: the original greedy answer is back.
+        outs = await _greedy_everywhere(client, _prompt(tokenizer, "What is 40 + 2?"))
+        for out in outs:
+            assert out.token_ids == original.token_ids
+            assert out.logprobs == pytest.approx(original.logprobs, abs=1e-4)
+            assert out.token_versions == [6] * 8
+        await sync.close()
+    finally:
+        actor.shutdown()

@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from agentrl.config import load_config
 from agentrl.server.collective import (
     ALIGN_BYTES,
     BroadcastGroup,
@@ -24,7 +25,13 @@ from agentrl.server.collective import (
     plans_from_wire,
     unpack,
 )
-from agentrl.weight_sync import CollectiveBroadcastSync, NCCLBroadcastSync, cast_floats
+from agentrl.weight_sync import (
+    CollectiveBroadcastSync,
+    NCCLBroadcastSync,
+    ObjectStoreSync,
+    cast_floats,
+    make_weight_sync,
+)
 
 
 def test_bucket_plan_aligns_every_tensor_and_round_trips_through_the_wire():
@@ -75,6 +82,23 @@ def test_unknown_backends_are_rejected():
     with pytest.raises(ValueError, match="unknown collective backend"):
         CollectiveBroadcastSync(object(), backend="mpi")  # type: ignore[arg-type]
     assert NCCLBroadcastSync(object()).backend == "nccl"  # type: ignore[arg-type]
+
+
+def test_trainer_weight_sync_config_picks_the_strategy():
+    assert load_config(None, []).trainer.weight_sync == "object_store"
+    cfg = load_config(None, ["trainer.weight_sync=nccl", "trainer.weight_sync_timeout_s=30"])
+    sync = make_weight_sync(
+        cfg.trainer.weight_sync,
+        object(),
+        bucket_bytes=1024,
+        timeout_s=30,  # type: ignore[arg-type]
+    )
+    assert isinstance(sync, CollectiveBroadcastSync) and sync.backend == "nccl"
+    assert isinstance(make_weight_sync("object_store", object(), bucket_bytes=1), ObjectStoreSync)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown weight sync"):
+        make_weight_sync("rdma", object(), bucket_bytes=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="weight_sync"):
+        load_config(None, ["trainer.weight_sync=rdma"])
 
 
 def test_a_missing_rank_times_out_at_the_join_with_a_clear_error():
