@@ -14,7 +14,7 @@ CONTENTS = [
     "plain",
     "",
     "  leading and trailing  \n",
-    'quotes "x" \'y\' and {{ braces }} {% tags %} <b>markup</b> & é ✓',
+    "quotes \"x\" 'y' and {{ braces }} {% tags %} <b>markup</b> & é ✓",
     "@@agentrl-slot-0@@ looks like a placeholder",
     "multi\nline\n\ncontent",
 ]
