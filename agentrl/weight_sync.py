@@ -480,3 +480,27 @@ class NCCLBroadcastSync(CollectiveBroadcastSync):
 
     def __init__(self, client: ServerClient, **kwargs: Any) -> None:
         super().__init__(client, backend="nccl", **kwargs)
+
+
+def make_weight_sync(
+    kind: str,
+    client: ServerClient,
+    *,
+    bucket_bytes: int,
+    pause_mode: PauseMode | str = PauseMode.KEEP,
+    join_timeout_s: float = 60.0,
+    timeout_s: float = 600.0,
+) -> WeightSync:
+    """The strategy ``trainer.weight_sync`` names: ``object_store``, ``nccl`` or ``gloo``."""
+    if kind == "object_store":
+        return ObjectStoreSync(client, bucket_bytes=bucket_bytes, pause_mode=pause_mode)
+    if kind in BACKENDS:
+        return CollectiveBroadcastSync(
+            client,
+            backend=kind,
+            bucket_bytes=bucket_bytes,
+            pause_mode=pause_mode,
+            join_timeout_s=join_timeout_s,
+            timeout_s=timeout_s,
+        )
+    raise ValueError(f"unknown weight sync {kind!r}; use object_store, {', '.join(BACKENDS)}")
