@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentrl.chat_template import ChatTemplate
+from agentrl.chat_template import ChatTemplate, text_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class ChatRenderer:
             tokenizer, None if tools_system_prompt else tools, fast_path=fast_path
         )
         self._eos_text = tokenizer.eos_token or ""
+        self._encode = text_encoder(tokenizer)
         # Read once: attribute access on transformers tokenizers is slow.
         self.eos_token_id: int | None = tokenizer.eos_token_id
 
@@ -82,7 +83,8 @@ class ChatRenderer:
         return self.template.render(self._with_tools_prompt(messages), add_generation_prompt)
 
     def encode_text(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of ``text`` (no special tokens added)."""
+        return self._encode(text)
 
     def encode_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool):
         """Token ids of the template's render of ``messages`` (synchronous)."""

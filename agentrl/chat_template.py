@@ -22,8 +22,11 @@ is not detectable this way; the agent loops' sampled drift check catches it, and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from tokenizers import Tokenizer
 
 Message = dict[str, Any]
 
@@ -32,6 +35,28 @@ Message = dict[str, Any]
 _BASE: list[Message] = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 _ANSWER = _BASE[-1]["content"]
 _MAX_CACHED_SHAPES = 4096
+
+
+def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """``text -> ids`` without special tokens added; the Rust tokenizer called directly
+    when it agrees with ``tokenizer.encode`` (it skips about 15 µs of Python per call).
+    """
+
+    def through_transformers(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        return through_transformers
+
+    def direct(text: str) -> list[int]:
+        return backend.encode(text, add_special_tokens=False).ids
+
+    specials = "".join(tokenizer.all_special_tokens)
+    probes = [f' a  b\n\n{specials}x ü 😀 <tool_call>{{"k": 1}}</tool_call>\t', "", " lead"]
+    if all(direct(text) == through_transformers(text) for text in probes):
+        return direct
+    return through_transformers
 
 
 class TemplateError(ValueError):

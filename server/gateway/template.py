@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from agentrl.chat_template import ChatTemplate as ToolsTemplate
-from agentrl.chat_template import TemplateError
+from agentrl.chat_template import TemplateError, text_encoder
 
 __all__ = ["ChatTemplate", "TemplateError"]
 
@@ -33,6 +33,7 @@ class ChatTemplate:
         self.supports_tools = "tools" in tokenizer.chat_template
         self._special_ids = set(tokenizer.all_special_ids)
         self._by_tools: OrderedDict[str, ToolsTemplate] = OrderedDict()
+        self._encode = text_encoder(tokenizer)
 
     def _for(self, tools: list[dict[str, Any]] | None) -> ToolsTemplate:
         key = json.dumps(tools or None, sort_keys=True, default=str)
@@ -54,7 +55,8 @@ class ChatTemplate:
         return self._for(tools).render_full(messages, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of ``text`` (no special tokens added)."""
+        return self._encode(text)
 
     def prompt_ids(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None

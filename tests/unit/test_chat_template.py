@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.chat_template import ChatTemplate, TemplateError
+from agentrl.chat_template import ChatTemplate, TemplateError, text_encoder
 from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 TOOLS = [ADD_TOOL_SCHEMA]
@@ -119,3 +119,24 @@ def test_templates_without_append_only_deltas_raise(tokenizer):
     template = ChatTemplate(_with_template(tokenizer, source))
     with pytest.raises(TemplateError, match="append-only"):
         template.delta_text([{"role": "tool", "content": "x"}])
+
+
+def test_text_encoder_matches_the_tokenizer(tokenizer):
+    encode = text_encoder(tokenizer)
+    texts = [*CONTENTS, tokenizer.eos_token + "\n<|im_start|>user\n", "<tool_call>{}</tool_call>"]
+    for text in texts:
+        assert encode(text) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_text_encoder_falls_back_when_the_backend_disagrees(tokenizer):
+    class Shouting:
+        """A tokenizer whose Python layer changes the text before the Rust backend."""
+
+        _tokenizer = tokenizer._tokenizer
+        all_special_tokens = tokenizer.all_special_tokens
+
+        def encode(self, text, add_special_tokens=False):
+            return tokenizer.encode(text.upper(), add_special_tokens=add_special_tokens)
+
+    encode = text_encoder(Shouting())
+    assert encode("abc") == tokenizer.encode("ABC", add_special_tokens=False)
