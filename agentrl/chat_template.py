@@ -16,7 +16,7 @@ A shape is only cached after a second render, with contents full of whitespace, 
 braces and markup, equals the join: a template that trims, escapes, drops or repeats
 content keeps using the full render. A template that branches on the *value* of a content
 is not detectable this way; the agent loops' sampled drift check catches it, and
-``fast_path=False`` turns the cache off.
+``fast_path=False`` (``rollout.template_cache=false``) turns the cache off.
 """
 
 from __future__ import annotations

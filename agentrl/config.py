@@ -163,6 +163,12 @@ class RolloutConfig(_Section):
         description="Fraction of episodes whose accumulated ids are compared with a full "
         "chat-template render (tokenization drift check).",
     )
+    template_cache: bool = Field(
+        True,
+        description="Render chat-template prompts and tool-response deltas from a per-shape "
+        "cache (checked once per shape against the template); false renders every time. "
+        "Turn off for templates that branch on message contents (the drift check flags them).",
+    )
     num_workers: int = Field(2, ge=1, description="Agent-loop worker actors.")
     max_concurrent_loops: int = Field(
         256, ge=1, description="Agent loops running at once in one worker."

@@ -53,7 +53,9 @@ class AgentLoopWorker:
             from agentrl.tools import tools_system_prompt
 
             system_prompt = tools_system_prompt(list(self.tools.values()))
-        self.renderer = ChatRenderer(self.tokenizer, schemas, system_prompt)
+        self.renderer = ChatRenderer(
+            self.tokenizer, schemas, system_prompt, fast_path=rollout.template_cache
+        )
         self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
         self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)
 

@@ -262,3 +262,28 @@ async def test_turn_cut_by_per_turn_max_tokens_still_continues(tokenizer):
     tool_text = tokenizer.decode(out.response_ids[60:])
     assert tool_text.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n")
     assert out.metrics["tokenization_drift"] == 0
+
+
+@pytest.mark.parametrize("template_cache", [True, False])
+async def test_template_cache_switch_gives_identical_trajectories(tokenizer, template_cache):
+    from agentrl.config import load_config
+    from agentrl.rollout.worker import AgentLoopWorker
+
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tokenizer.name_or_path}",
+            f"rollout.template_cache={str(template_cache).lower()}",
+        ],
+    )
+    worker = AgentLoopWorker(cfg, client=ScriptedClient([]), tokenizer=tokenizer)
+    assert worker.renderer.template.fast_path is template_cache
+    messages = [{"role": "user", "content": "Add 1 and 2."}]
+    first = await worker.renderer.encode_prompt(messages)
+    again = await worker.renderer.encode_prompt(messages)
+    delta = await worker.renderer.encode_delta([{"role": "tool", "content": "3"}], True)
+    full = worker.renderer.template.render_full(messages, True)
+    assert first == again == worker.renderer.encode_text(full)
+    assert delta == worker.renderer.encode_text(
+        worker.renderer.template.delta_text([{"role": "tool", "content": "3"}], tokenizer.eos_token)
+    )
