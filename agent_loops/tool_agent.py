@@ -17,7 +17,7 @@ from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.agent_loops.registry import register_agent_loop
 from agentrl.agent_loops.tool_calls import CallResult, ToolCallExecutor, truncate_response
 from agentrl.agent_loops.trajectory import TrajectoryBuilder
-from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.server.types import SamplingParams
 
 
 @register_agent_loop("tool_agent")
@@ -56,56 +56,58 @@ class ToolAgentLoop(AgentLoopBase):
         stats: Counter[str],
     ) -> str:
         """Run turns until a stop condition; returns the stop reason."""
-        budget = self.config.max_response_length
-        while True:
-            start = time.perf_counter()
-            out = await self.generate(
-                trajectory.ids, self.turn_sampling(sampling, budget - trajectory.response_length)
-            )
-            stats["gen_time_s"] += time.perf_counter() - start
-            trajectory.add_model_turn(out)
-            stats["assistant_turns"] += 1
-            ended_with_eos = self._ended_with_eos(out)
-            text = self.tokenizer.decode(out.token_ids[:-1] if ended_with_eos else out.token_ids)
-            messages.append({"role": "assistant", "content": text})
+        # Read once: this loop runs thousands of times a second per worker.
+        config, renderer, parser = self.config, self.renderer, self.context.tool_parser
+        decode, eos = self.tokenizer.decode, renderer.eos_token_id
+        budget = config.max_response_length
+        gen_time = tool_time = 0.0
+        assistant_turns = user_turns = 0
+        try:
+            while True:
+                start = time.perf_counter()
+                room = budget - trajectory.response_length
+                out = await self.generate(trajectory.ids, self.turn_sampling(sampling, room))
+                gen_time += time.perf_counter() - start
+                trajectory.add_model_turn(out)
+                assistant_turns += 1
+                ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == eos
+                text = decode(out.token_ids[:-1] if ended_with_eos else out.token_ids)
+                messages.append({"role": "assistant", "content": text})
 
-            if out.finish_reason == "abort":
-                return "aborted"
-            if trajectory.response_length >= budget:
-                return "response_budget"
-            parsed = self.context.tool_parser.parse(text)
-            if parsed.attempted_calls == 0:
-                return "no_tool_call"
-            if stats["assistant_turns"] >= self.config.max_assistant_turns:
-                return "max_assistant_turns"
-            if stats["user_turns"] >= self.config.max_user_turns:
-                return "max_user_turns"
+                if out.finish_reason == "abort":
+                    return "aborted"
+                if trajectory.response_length >= budget:
+                    return "response_budget"
+                parsed = parser.parse(text)
+                if parsed.attempted_calls == 0:
+                    return "no_tool_call"
+                if assistant_turns >= config.max_assistant_turns:
+                    return "max_assistant_turns"
+                if user_turns >= config.max_user_turns:
+                    return "max_user_turns"
 
-            start = time.perf_counter()
-            results = await executor.run_turn(parsed)
-            stats["tool_time_s"] += time.perf_counter() - start
-            self._count_calls(results, stats)
-            tool_messages = [
-                {
-                    "role": "tool",
-                    "content": truncate_response(
-                        r.text,
-                        self.config.max_tool_response_length,
-                        self.config.tool_response_truncate_side,
-                    ),
-                }
-                for r in results
-            ]
-            delta = await self.renderer.encode_delta(tool_messages, ended_with_eos)
-            room = budget - trajectory.response_length
-            trajectory.add_env_tokens(delta[:room])
-            messages.extend(tool_messages)
-            stats["user_turns"] += 1
-            if len(delta) >= room:
-                return "response_budget"
-
-    def _ended_with_eos(self, out: TokenOutput) -> bool:
-        return bool(out.token_ids) and out.token_ids[-1] == self.renderer.eos_token_id
+                start = time.perf_counter()
+                results = await executor.run_turn(parsed)
+                tool_time += time.perf_counter() - start
+                self._count_calls(results, stats)
+                limit, side = config.max_tool_response_length, config.tool_response_truncate_side
+                tool_messages = [
+                    {"role": "tool", "content": truncate_response(r.text, limit, side)}
+                    for r in results
+                ]
+                delta = await renderer.encode_delta(tool_messages, ended_with_eos)
+                room = budget - trajectory.response_length
+                trajectory.add_env_tokens(delta[:room])
+                messages.extend(tool_messages)
+                user_turns += 1
+                if len(delta) >= room:
+                    return "response_budget"
+        finally:
+            stats["gen_time_s"] += gen_time
+            stats["assistant_turns"] += assistant_turns
+            if user_turns:
+                stats["user_turns"] += user_turns
+                stats["tool_time_s"] += tool_time
 
     @staticmethod
     def _count_calls(results: list[CallResult], stats: Counter[str]) -> None:

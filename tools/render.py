@@ -40,7 +40,11 @@ def tools_for_chat_template(tools: ToolList) -> list[dict[str, Any]]:
     return [(item.tool_schema if isinstance(item, BaseTool) else item).to_dict() for item in items]
 
 
-def tools_system_prompt(tools: ToolList) -> str:
-    """Hermes-style tool instructions with each schema as one JSON line inside ``<tools>``."""
+def tools_system_prompt(tools: ToolList, template: str | None = None) -> str:
+    """Tool instructions with each schema as one JSON line.
+
+    ``template`` is a format string with a ``{tools}`` field (literal braces doubled);
+    None gives Hermes-style instructions with the schemas inside ``<tools>``.
+    """
     lines = (json.dumps(schema, ensure_ascii=False) for schema in tools_for_chat_template(tools))
-    return _PROMPT.format(tools="\n".join(lines))
+    return (template or _PROMPT).format(tools="\n".join(lines))

@@ -52,7 +52,9 @@ class AgentLoopWorker:
         if in_system_prompt and schemas:
             from agentrl.tools import tools_system_prompt
 
-            system_prompt = tools_system_prompt(list(self.tools.values()))
+            system_prompt = tools_system_prompt(
+                list(self.tools.values()), rollout.tools_prompt_template
+            )
         self.renderer = ChatRenderer(
             self.tokenizer, schemas, system_prompt, fast_path=rollout.template_cache
         )

@@ -26,6 +26,14 @@ def test_system_prompt_lists_each_schema_as_one_json_line_and_the_call_format() 
     assert f"<tool_call>\n{call_format}\n</tool_call>" in prompt
 
 
+def test_system_prompt_template_replaces_the_hermes_instructions() -> None:
+    prompt = tools_system_prompt([shout], "Tools:\n{tools}\nCall: <tool_call>{{...}}</tool_call>")
+    lines = prompt.splitlines()
+    assert lines[0] == "Tools:" and json.loads(lines[1])["function"]["name"] == "shout"
+    assert lines[2] == "Call: <tool_call>{...}</tool_call>"
+    assert "<tools>" not in prompt
+
+
 def test_chat_template_renders_the_tools(tiny_checkpoint: Path) -> None:
     from transformers import AutoTokenizer
 
