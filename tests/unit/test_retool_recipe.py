@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 from pathlib import Path
 
+from agentrl.config import load_config
 from agentrl.reward.loader import load_reward_fn
+from agentrl.rollout.worker import AgentLoopWorker
 from agentrl.tools import load_tools
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "retool"
@@ -14,8 +18,8 @@ def test_reward_is_plus_minus_one_with_tool_bonus_on_wrong_answers():
     score = load_reward_fn(str(RECIPE / "reward.py"), "compute_score")
     right = score("m", "so it is \\boxed{4}", "4", {})
     wrong = score("m", "so it is \\boxed{5}", "4", {})
-    wrong_with_tool = score("m", "<tool_response>\n5\n</tool_response> \\boxed{5}", "4", {})
-    no_bonus = score("m", "<tool_response>5</tool_response> \\boxed{5}", "4", {"tool_bonus": 0})
+    wrong_with_tool = score("m", "<tool_call>{}</tool_call>\n5\n \\boxed{5}", "4", {})
+    no_bonus = score("m", "<tool_call>{}</tool_call>5 \\boxed{5}", "4", {"tool_bonus": 0})
     assert (right["score"], right["acc"]) == (1.0, 1.0)
     assert (wrong["score"], wrong["acc"]) == (-1.0, 0.0)
     assert wrong_with_tool["score"] == -0.9 and wrong_with_tool["tool_used"] == 1.0
@@ -25,3 +29,42 @@ def test_reward_is_plus_minus_one_with_tool_bonus_on_wrong_answers():
 def test_tool_config_loads_the_sandboxed_code_interpreter():
     tools = load_tools(RECIPE / "tools.yaml")
     assert list(tools) == ["code_interpreter"]
+
+
+def _warm_start_module():
+    spec = importlib.util.spec_from_file_location("retool_warm_start", RECIPE / "warm_start.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ROW = {
+    "prompt": [{"role": "user", "content": "Calculate 3 * (4 + 5).\n\nUse the tool."}],
+    "reward_model": {"ground_truth": "27"},
+    "extra_info": {"question": "Calculate 3 * (4 + 5)."},
+}
+
+
+def test_warm_start_demonstration_trains_only_the_assistant_turns(tiny_checkpoint):
+    warm_start = _warm_start_module()
+    cfg = load_config(
+        RECIPE / "cpu.yaml", [f"model.path={tiny_checkpoint}", "rollout.num_workers=1"]
+    )
+    worker = AgentLoopWorker(cfg, client=object())
+    ids, mask = asyncio.run(warm_start._tokenize(worker, ROW))
+    assert len(ids) == len(mask)
+    prompt = asyncio.run(worker.renderer.encode_prompt(ROW["prompt"]))
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    decode = worker.tokenizer.decode
+    trained = decode([t for t, m in zip(ids, mask, strict=True) if m])
+    response = zip(ids[len(prompt) :], mask[len(prompt) :], strict=True)
+    not_trained = decode([t for t, m in response if not m])
+    assert '"code": "print(3 * (4 + 5))"' in trained
+    assert trained.endswith("The answer is \\boxed{27}." + worker.tokenizer.eos_token)
+    assert "27" in not_trained  # the real interpreter's output, as a tool turn (mask 0)
+    assert (
+        asyncio.run(
+            warm_start._tokenize(worker, {**ROW, "extra_info": {"question": "What is love?"}})
+        )
+        is None
+    )
