@@ -80,6 +80,13 @@ class EngineConfig(_Section):
     block_size: int = Field(32, ge=16, description="KV-cache block size (multiple of 32 on CPU).")
     enable_prefix_caching: bool = Field(True, description="Reuse KV cache across requests.")
     enforce_eager: bool = Field(True, description="Disable CUDA graphs / torch.compile.")
+    weight_swap: Literal["staged", "inplace"] = Field(
+        "staged",
+        description="vLLM: how a weight push is loaded. staged: the new weights are loaded "
+        "and post-processed into a second copy of the model while generation continues, "
+        "and the pause only swaps the two (one extra copy of the weights in memory). "
+        "inplace: generation pauses for the whole transfer and reload.",
+    )
     seed: int = Field(0, description="Engine sampling seed.")
     hf_max_batch_size: int = Field(16, ge=1, description="HFEngine: max requests per batch.")
     hf_batch_wait_ms: float = Field(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from typing import Any
 
@@ -92,18 +91,12 @@ class RolloutServer:
     ) -> float:
         """Fetch the buckets, then pause → load them as ``version`` → reset cache → resume.
 
-        Returns the seconds this replica was paused (no token is produced meanwhile).
+        A staged engine (vLLM, ``weight_swap=staged``) loads them before pausing and only
+        swaps them in while paused. Returns the seconds this replica was paused (no token
+        is produced meanwhile).
         """
         buckets = [await ref for ref in weights]
-        start = time.perf_counter()
-        await self._engine.pause(PauseMode(mode))
-        try:
-            for named_tensors in buckets:
-                await self._engine.update_weights(named_tensors, version)
-            await self._engine.reset_prefix_cache()
-        finally:
-            await self._engine.resume()
-        return time.perf_counter() - start
+        return await self._engine.swap_weights(buckets, version, PauseMode(mode))
 
     async def reset_prefix_cache(self) -> str:
         await self._engine.reset_prefix_cache()
@@ -140,24 +133,18 @@ class RolloutServer:
     async def collective_swap(
         self, group_id: str, plans: list[Any], version: int, mode: str = PauseMode.KEEP.value
     ) -> float:
-        """Pause → receive the broadcast ``plans`` as ``version`` → reset cache → resume.
+        """Receive the broadcast ``plans`` as ``version``, with a pause → reset → resume.
 
-        Returns the seconds this replica was paused; the broadcast starts once every
-        replica paused, so this includes waiting for the slowest pause.
+        A staged engine receives and loads them while generating and pauses only for the
+        swap; otherwise the pause covers the broadcast, which starts once every replica
+        paused. Returns the seconds this replica was paused.
         """
         if group_id != self._group_id:
             raise RuntimeError(
                 f"rollout replica {self._replica_id} is in weight-broadcast group "
                 f"{self._group_id}, not {group_id}"
             )
-        start = time.perf_counter()
-        await self._engine.pause(PauseMode(mode))
-        try:
-            await self._engine.receive_weights(plans, version)
-            await self._engine.reset_prefix_cache()
-        finally:
-            await self._engine.resume()
-        return time.perf_counter() - start
+        return await self._engine.swap_received_weights(plans, version, PauseMode(mode))
 
     async def collective_leave(self) -> str:
         self._group_id = None

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +47,27 @@ class RolloutEngine(ABC):
         wrong shape.
         """
 
+    async def swap_weights(
+        self,
+        buckets: Sequence[NamedTensors],
+        version: int,
+        mode: PauseMode | str = PauseMode.KEEP,
+    ) -> float:
+        """Pause (``mode``) → load ``buckets`` as ``version`` → reset prefix cache → resume.
+
+        Returns the seconds generation was paused. Engines that can load the weights
+        before pausing (``VLLMEngine`` with ``weight_swap=staged``) override this.
+        """
+        start = time.perf_counter()
+        await self.pause(mode)
+        try:
+            for named_tensors in buckets:
+                await self.update_weights(named_tensors, version)
+            await self.reset_prefix_cache()
+        finally:
+            await self.resume()
+        return time.perf_counter() - start
+
     # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
 
     def weight_group_info(self) -> dict[str, Any]:
@@ -65,6 +87,22 @@ class RolloutEngine(ABC):
     async def receive_weights(self, plans: list[Any], version: int) -> None:
         """Receive the buckets of ``plans`` from the group's rank 0 and load them as ``version``."""
         raise RolloutError(self._no_collective())
+
+    async def swap_received_weights(
+        self, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
+    ) -> float:
+        """``swap_weights`` for broadcast buckets: pause → ``receive_weights`` → reset → resume.
+
+        Returns the seconds generation was paused.
+        """
+        start = time.perf_counter()
+        await self.pause(mode)
+        try:
+            await self.receive_weights(plans, version)
+            await self.reset_prefix_cache()
+        finally:
+            await self.resume()
+        return time.perf_counter() - start
 
     async def leave_weight_group(self) -> None:  # noqa: B027 - nothing to leave by default
         """Drop the weight-broadcast group, if any."""

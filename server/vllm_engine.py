@@ -5,15 +5,23 @@ token, and the policy version that sampled each token. Weight versions are vLLM'
 labels (``AsyncLLM.update_weight_version``); the engine core stamps every step's output with
 the label in force and ``CompletionOutput.weight_versions`` reports them as spans.
 Weights are only swapped while the scheduler is paused, so the labels are exact.
+
+With ``engine.weight_swap=staged`` (the default) a weight push is loaded into a shadow copy
+of the model inside the workers while generation goes on (the tensors reach the engine-core
+process through a shared-memory file, or the weight-broadcast group), and the pause only
+swaps the processed tensors and kernel handles (``vllm_worker_ext.StagedWeights``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +37,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from agentrl.config import EngineConfig, ModelConfig
-from agentrl.server.collective import plans_from_wire
+from agentrl.server.collective import BucketPlan, plans_from_wire, unpack
 from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.types import (
     PauseMode,
@@ -49,6 +57,10 @@ _UPDATE_CHUNK_BYTES = 512 * 1024**2
 # vLLM labels the weights "default" until the first update_weight_version call.
 _INITIAL_VERSION = 0
 _FINISH_REASONS = ("stop", "length", "abort")
+# How often a staged load is polled (each poll is one short engine-core call).
+_STAGE_POLL_S = 0.01
+# Executors whose workers share this node (and /dev/shm) with the engine.
+_LOCAL_EXECUTORS = (None, "uni", "mp")
 
 
 @dataclass
@@ -162,6 +174,14 @@ class VLLMEngine(RolloutEngine):
         self._closed = False
         self._warned_cpu_seed = False
         self._control = asyncio.Lock()  # serializes pause / resume / update_weights
+        self._staging = asyncio.Lock()  # one staged load (and its commit) at a time
+        self._staged_swap = engine.weight_swap == "staged"
+        self._staging_ready: asyncio.Task[None] | None = None
+        if self._staged_swap:
+            # Build the workers' shadow models now rather than inside the first push
+            # (without a running loop: at the first push).
+            with contextlib.suppress(RuntimeError):
+                self._staging_ready = asyncio.get_running_loop().create_task(self._init_staging())
         self._inflight: dict[str, asyncio.Future[TokenOutput | None]] = {}
         self._counters = _Counters()
         logger.info(
@@ -238,7 +258,7 @@ class VLLMEngine(RolloutEngine):
             raise RolloutError(f"unknown pause mode {mode!r}; use one of: {choices}") from exc
         self._check_open()
         async with self._control:
-            await self._llm.pause_generation(mode=pause_mode.value, clear_cache=False)
+            await self._pause_engine(pause_mode)
             self._paused = True
         logger.info("paused generation (mode=%s)", pause_mode.value)
 
@@ -256,16 +276,22 @@ class VLLMEngine(RolloutEngine):
         Every tensor is checked before anything is loaded: an unknown name, a wrong shape
         or a fused vLLM module given only some of its tensors raises ``RolloutError`` and
         the old weights stay. If the engine is not paused it is paused (``keep``) for the
-        swap, so no step mixes weights and labels. The prefix cache is not reset here.
+        swap, so no step mixes weights and labels; staged, only for the swap itself. The
+        prefix cache is not reset here.
         """
         self._check_open()
         tensors = self._validate_update(named_tensors)
+        if await self._use_staging():
+            async with self._staging:
+                await self._stage_tensors(tensors)
+                await self._commit_staged(version, PauseMode.KEEP, reset_cache=False)
+            return
         async with self._control:
             await self._check_whole_modules([name for name, _ in tensors])
             chunks = self._chunk_by_module(tensors)
             pause_here = not self._paused
             if pause_here:
-                await self._llm.pause_generation(mode="keep", clear_cache=False)
+                await self._pause_engine(PauseMode.KEEP)
             start = time.perf_counter()
             try:
                 for i, chunk in enumerate(chunks):
@@ -290,6 +316,146 @@ class VLLMEngine(RolloutEngine):
             time.perf_counter() - start,
             version,
         )
+
+    async def swap_weights(
+        self,
+        buckets: Sequence[NamedTensors],
+        version: int,
+        mode: PauseMode | str = PauseMode.KEEP,
+    ) -> float:
+        """Pause (``mode``) → swap in ``buckets`` as ``version`` → reset cache → resume.
+
+        Staged: the buckets are checked, copied to the workers and loaded into the shadow
+        model first, while requests keep generating; a failure there raises and leaves
+        the old weights and version serving. Returns the seconds generation was paused.
+        """
+        self._check_open()
+        pause_mode = PauseMode(mode)
+        if not await self._use_staging():
+            return await super().swap_weights(buckets, version, pause_mode)
+        tensors = self._validate_update(itertools.chain.from_iterable(buckets))
+        async with self._staging:
+            await self._stage_tensors(tensors)
+            return await self._commit_staged(version, pause_mode, reset_cache=True)
+
+    # -- staged swap --------------------------------------------------------------------
+
+    async def _use_staging(self) -> bool:
+        """Whether pushes are staged (builds the workers' shadow models on first use)."""
+        if not self._staged_swap:
+            return False
+        if self._staging_ready is None:
+            self._staging_ready = asyncio.get_running_loop().create_task(self._init_staging())
+        await asyncio.shield(self._staging_ready)
+        return self._staged_swap
+
+    async def _init_staging(self) -> None:
+        start = time.perf_counter()
+        try:
+            sizes = await self._llm.collective_rpc("agentrl_stage_init")
+        except Exception as exc:
+            self._staged_swap = False
+            logger.warning(
+                "staged weight swap unavailable (%s); weight pushes load in place while "
+                "generation is paused",
+                exc,
+            )
+            return
+        logger.info(
+            "staged weight swap ready in %.2fs (shadow model %.1f MB per worker)",
+            time.perf_counter() - start,
+            max(sizes) / 1e6,
+        )
+
+    async def _stage_tensors(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Load ``tensors`` into the workers' shadow models; the live model keeps serving."""
+        async with self._control:
+            await self._check_whole_modules([name for name, _ in tensors])
+        path = None
+        try:
+            if self._workers_are_local():
+                path, plan = await asyncio.to_thread(_write_shared_file, tensors)
+                source: dict[str, Any] = {"kind": "shm", "path": path, "plan": plan.to_wire()}
+            else:
+                encoded = await asyncio.to_thread(
+                    lambda: [encode_tensor(name, t) for name, t in tensors]
+                )
+                source = {"kind": "inline", "tensors": encoded}
+            await self._run_staging(source)
+        finally:
+            if path is not None:
+                _unlink(path)
+
+    async def _run_staging(self, source: dict[str, Any]) -> None:
+        """Start a staged load on every worker and wait for it without blocking generation."""
+        start = time.perf_counter()
+        await self._wait_staged()  # a load abandoned by a cancelled push
+        await self._llm.collective_rpc("agentrl_stage_begin", args=(source, True))
+        states = await self._wait_staged()
+        errors = [error for _, error, _ in states if error]
+        if errors:
+            raise RuntimeError(
+                f"staging the new weights failed; version {self._version} keeps serving: "
+                f"{errors[0]}"
+            )
+        logger.info(
+            "staged %d tensors (%s) in %.2fs",
+            states[0][2],
+            source["kind"],
+            time.perf_counter() - start,
+        )
+
+    async def _wait_staged(self) -> list[list[Any]]:
+        while True:
+            states = await self._llm.collective_rpc("agentrl_stage_poll")
+            if all(done for done, _, _ in states):
+                return states
+            await asyncio.sleep(_STAGE_POLL_S)
+
+    async def _commit_staged(self, version: int, mode: PauseMode, reset_cache: bool) -> float:
+        """Pause (unless paused) → swap the staged weights in → label ``version`` → resume.
+
+        Returns the seconds generation was paused here.
+        """
+        async with self._control:
+            start = time.perf_counter()
+            pause_here = not self._paused
+            if pause_here:
+                await self._pause_engine(mode)
+            try:
+                try:
+                    await self._llm.collective_rpc("agentrl_stage_commit")
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"swapping in the staged weights (version {version}) failed; the "
+                        f"engine may hold a mix of old and new weights: {exc}"
+                    ) from exc
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+                self._counters.weight_updates += 1
+                if reset_cache:
+                    await self._reset_prefix_cache()
+            finally:
+                if pause_here:
+                    await self._llm.resume_generation()
+            paused = time.perf_counter() - start
+        logger.info(
+            "swapped in staged weights as version %d; paused %.1f ms", version, paused * 1e3
+        )
+        return paused
+
+    def _workers_are_local(self) -> bool:
+        parallel = self._llm.vllm_config.parallel_config
+        backend = parallel.distributed_executor_backend
+        return backend in _LOCAL_EXECUTORS and getattr(parallel, "nnodes", 1) <= 1
+
+    async def _pause_engine(self, mode: PauseMode) -> None:
+        if mode is PauseMode.KEEP:
+            # Frozen requests emit nothing, so AsyncLLM's 20 ms wait for final outputs
+            # (pause_generation) is not needed.
+            await self._llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+        else:
+            await self._llm.pause_generation(mode=mode.value, clear_cache=False)
 
     # -- collective weight sync ---------------------------------------------------------
 
@@ -330,14 +496,22 @@ class VLLMEngine(RolloutEngine):
     async def receive_weights(self, plans: list[Any], version: int) -> None:
         """Receive the broadcast buckets of ``plans`` into every worker; label them ``version``.
 
-        Pauses (``keep``) for the load if the engine is not paused already. A failure part
-        way leaves a mix of old and new weights and the old version label.
+        Pauses (``keep``) for the load if the engine is not paused already; staged, the
+        buckets are received and loaded while generating and the pause only covers the
+        swap. A failure part way in place leaves a mix of old and new weights, staged the
+        old weights; the version label stays the old one.
         """
         self._check_open()
+        if await self._use_staging():
+            async with self._staging:
+                await self._run_staging({"kind": "broadcast", "plans": plans})
+                await self._commit_staged(version, PauseMode.KEEP, reset_cache=False)
+            logger.info("received %d bucket(s) staged; weight version %d", len(plans), version)
+            return
         async with self._control:
             pause_here = not self._paused
             if pause_here:
-                await self._llm.pause_generation(mode="keep", clear_cache=False)
+                await self._pause_engine(PauseMode.KEEP)
             start = time.perf_counter()
             try:
                 try:
@@ -363,6 +537,22 @@ class VLLMEngine(RolloutEngine):
             version,
         )
 
+    async def swap_received_weights(
+        self, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
+    ) -> float:
+        """Receive ``plans`` as ``version`` with pause → swap → reset cache → resume.
+
+        Staged: the broadcast is received and loaded while generating; only the swap is
+        paused. Returns the seconds generation was paused.
+        """
+        self._check_open()
+        pause_mode = PauseMode(mode)
+        if not await self._use_staging():
+            return await super().swap_received_weights(plans, version, pause_mode)
+        async with self._staging:
+            await self._run_staging({"kind": "broadcast", "plans": plans})
+            return await self._commit_staged(version, pause_mode, reset_cache=True)
+
     async def leave_weight_group(self) -> None:
         if self._closed:
             return
@@ -372,6 +562,9 @@ class VLLMEngine(RolloutEngine):
     async def reset_prefix_cache(self) -> None:
         """Drop every cached KV block; running requests are recomputed from their tokens."""
         self._check_open()
+        await self._reset_prefix_cache()
+
+    async def _reset_prefix_cache(self) -> None:
         if not await self._llm.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM could not reset the prefix cache")
 
@@ -403,6 +596,8 @@ class VLLMEngine(RolloutEngine):
             return
         if self._inflight:
             await self._llm.abort(list(self._inflight))
+        if self._staging_ready is not None and not self._staging_ready.done():
+            self._staging_ready.cancel()
         self._closed = True
         self._llm.shutdown()
         # Drop the client now: its __del__ shuts down again and fails at interpreter exit.
@@ -531,3 +726,35 @@ class VLLMEngine(RolloutEngine):
             chunks[-1].extend(group)
             size += group_bytes
         return chunks
+
+
+def _write_shared_file(tensors: list[tuple[str, torch.Tensor]]) -> tuple[str, BucketPlan]:
+    """Write ``tensors`` into one file under /dev/shm (RAM) laid out by a ``BucketPlan``.
+
+    The workers map it (no copy through the engine's message socket).
+    """
+    plan = BucketPlan.of([(name, str(t.dtype), tuple(t.shape)) for name, t in tensors])
+    shm = "/dev/shm"
+    directory = shm if os.path.isdir(shm) and _free_bytes(shm) > 2 * plan.nbytes else None
+    fd, path = tempfile.mkstemp(prefix="agentrl-weights-", dir=directory)
+    try:
+        os.ftruncate(fd, max(plan.nbytes, 1))
+        os.close(fd)
+        buffer = torch.from_file(path, shared=True, size=plan.nbytes, dtype=torch.uint8)
+        for (_, tensor), (_, view) in zip(tensors, unpack(buffer, plan), strict=True):
+            view.copy_(tensor)
+        del buffer
+    except BaseException:
+        _unlink(path)
+        raise
+    return path, plan
+
+
+def _free_bytes(path: str) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -15,18 +15,37 @@ The ``agentrl_*_group`` / ``agentrl_receive_weights`` methods are the worker sid
 ``CollectiveBroadcastSync``: each worker is one rank of a weight-broadcast group
 (``agentrl.server.collective``) and receives full (unsharded) tensors from the trainer;
 ``reload_weights`` shards them for tensor parallelism.
+
+The ``agentrl_stage_*`` methods are the staged swap (``VLLMEngine`` with
+``engine.weight_swap=staged``): a second instance of the model (the shadow, built once)
+receives the new weights in a background thread of the worker while the live model keeps
+generating, through the same layerwise reload and per-layer post-processing as the
+in-place path; ``agentrl_stage_commit`` then swaps the processed state of every reloaded
+module between the shadow and the live model (tensor pointers and the kernel handles the
+post-processing built, e.g. the CPU GEMM's pre-packed weights), which takes microseconds
+per module. See ``StagedWeights``.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
+import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from agentrl.server.collective import BroadcastGroup, GroupSpec, plans_from_wire
+from agentrl.server.collective import (
+    BroadcastGroup,
+    BucketPlan,
+    GroupSpec,
+    plans_from_wire,
+    unpack,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +92,15 @@ class WeightSyncExtension:
                 yield decode_tensor(item)
 
         self.reload_weights(weights_iterator=weights())  # type: ignore[attr-defined]
+        self._agentrl_rebuild_tied({name for name, *_ in tensors})
         logger.debug("reloaded %d tensors", len(tensors))
         return len(tensors)
+
+    def _agentrl_rebuild_tied(self, names: set[str]) -> None:
+        """After an in-place reload of ``names``: rebuild the kernels of tied modules."""
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with torch.no_grad():
+            rebuild_tied_kernels(model, {name.rpartition(".")[0] for name in names})
 
     def agentrl_join_group(
         self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
@@ -105,6 +131,7 @@ class WeightSyncExtension:
         for plan in plans_from_wire(plans):
             tensors = group.receive_bucket(plan)
             self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
+            self._agentrl_rebuild_tied({name for name, _ in tensors})
             count += len(tensors)
         logger.debug("received and reloaded %d tensors", count)
         return count
@@ -117,3 +144,353 @@ class WeightSyncExtension:
             return False
         group.close()
         return True
+
+    # -- staged swap ------------------------------------------------------------------------
+
+    def agentrl_stage_init(self) -> int:
+        """Build the shadow model once (blocks the engine core for a moment); returns bytes."""
+        staging: StagedWeights | None = getattr(self, "_agentrl_staging", None)
+        if staging is None:
+            staging = StagedWeights(self)
+            self._agentrl_staging = staging
+        return staging.nbytes
+
+    def agentrl_stage_begin(self, source: dict[str, Any], fresh: bool = True) -> bool:
+        """Start loading ``source`` into the shadow in a background thread; returns at once.
+
+        ``source`` is ``{"kind": "shm", "path", "plan"}`` (a file of tensors laid out by
+        a ``BucketPlan``, read through a shared mapping), ``{"kind": "inline", "tensors"}``
+        (``encode_tensor`` items) or ``{"kind": "broadcast", "plans"}`` (received from this
+        worker's weight-broadcast group). ``fresh`` forgets what earlier calls staged.
+        """
+        self._agentrl_stager().begin(lambda: self._agentrl_source(source), fresh)
+        return True
+
+    def agentrl_stage_poll(self) -> list[Any]:
+        """``[done, error or None, tensors staged]`` of the current staging."""
+        return self._agentrl_stager().poll()
+
+    def agentrl_stage_commit(self) -> int:
+        """Swap the staged modules into the live model; returns how many were swapped."""
+        count = self._agentrl_stager().commit()
+        runner = self.model_runner  # type: ignore[attr-defined]
+        for reset in ("reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+        return count
+
+    def agentrl_stage_discard(self) -> bool:
+        """Forget what is staged (the live model is untouched)."""
+        staging: StagedWeights | None = getattr(self, "_agentrl_staging", None)
+        if staging is not None:
+            staging.discard()
+        return True
+
+    def _agentrl_stager(self) -> StagedWeights:
+        staging: StagedWeights | None = getattr(self, "_agentrl_staging", None)
+        if staging is None:
+            raise RuntimeError("staged weight swap is not initialized (agentrl_stage_init)")
+        return staging
+
+    def _agentrl_source(self, source: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+        kind = source["kind"]
+        if kind == "shm":
+            plan = BucketPlan.from_wire(source["plan"])
+            # A private mapping of the file: no copy, pages are shared with the writer.
+            buffer = torch.from_file(
+                source["path"], shared=False, size=plan.nbytes, dtype=torch.uint8
+            )
+            yield from unpack(buffer, plan)
+        elif kind == "inline":
+            for item in source["tensors"]:
+                yield decode_tensor(item)
+        elif kind == "broadcast":
+            group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
+            if group is None:
+                raise RuntimeError("this worker is not in a weight-broadcast group")
+            for plan in plans_from_wire(source["plans"]):
+                yield from group.receive_bucket(plan)
+        else:
+            raise ValueError(f"unknown staging source {kind!r}")
+
+
+_NOT_SET = object()
+# nn.Module bookkeeping that is never swapped as a whole (tensors are swapped one by one).
+_MODULE_INTERNALS = frozenset(
+    {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "training"}
+)
+
+
+def _build_shadow(worker: Any) -> torch.nn.Module:
+    """A second, unregistered instance of the worker's model, processed for inference.
+
+    Its attention layers are kept out of the forward context (they never run), its weights
+    are whatever ``torch.empty`` gave: a module's state is only swapped into the live model
+    after the module was reloaded in full.
+    """
+    from vllm.model_executor.model_loader.utils import (
+        initialize_model,
+        process_weights_after_loading,
+    )
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    vllm_config = worker.vllm_config
+    model_config = vllm_config.model_config
+    if vllm_config.lora_config is not None:
+        raise NotImplementedError("staged weight swap does not support LoRA")
+    load_device = vllm_config.load_config.device or vllm_config.device_config.device
+    device = torch.device(load_device)
+    compilation = vllm_config.compilation_config
+    registered = compilation.static_forward_context
+    compilation.static_forward_context = {}
+    try:
+        with set_default_torch_dtype(model_config.dtype), device:
+            shadow = initialize_model(vllm_config=vllm_config, model_config=model_config)
+    finally:
+        compilation.static_forward_context = registered
+    _unshare_modules(shadow, worker.model_runner.get_model())
+    with torch.no_grad():
+        process_weights_after_loading(shadow, model_config, device)
+    return shadow.eval()
+
+
+def _unshare_modules(shadow: torch.nn.Module, live: torch.nn.Module) -> None:
+    """Give the shadow its own copy of every module it shares with the live model.
+
+    vLLM caches some modules across model instances (rotary embeddings, ``get_rope``);
+    a reload of the shadow moves every module's tensors to the meta device for a while,
+    which must not happen to a module the live model is running.
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    live_modules = {id(m) for m in live.modules()}
+    copies: dict[int, torch.nn.Module] = {}
+
+    def unshare(parent: torch.nn.Module) -> None:
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            if id(child) not in live_modules:
+                unshare(child)
+                continue
+            if id(child) not in copies:
+                clone = copy.deepcopy(child)
+                for original, cloned in zip(child.modules(), clone.modules(), strict=True):
+                    info, cloned_info = get_layerwise_info(original), get_layerwise_info(cloned)
+                    cloned_info.restore_metadata = info.restore_metadata
+                    cloned_info.restore_device = info.restore_device
+                copies[id(child)] = clone
+            parent._modules[name] = copies[id(child)]
+
+    unshare(shadow)
+    live_storage = {
+        t.untyped_storage().data_ptr()
+        for t in itertools.chain(live.parameters(), live.buffers())
+        if t.numel() and not t.is_meta
+    }
+    for name, t in itertools.chain(shadow.named_parameters(), shadow.named_buffers()):
+        if t.numel() and not t.is_meta and t.untyped_storage().data_ptr() in live_storage:
+            raise RuntimeError(f"the shadow model shares tensor {name!r} with the live model")
+
+
+def _swap_tensor(live: torch.Tensor, shadow: torch.Tensor, copy: bool) -> None:
+    if copy:
+        # Keeps the live storage (CUDA graphs captured its address).
+        live.data.copy_(shadow.data)
+        return
+    live.data, shadow.data = shadow.data, live.data
+
+
+class StagedWeights:
+    """The shadow model of one worker and the modules staged in it.
+
+    ``begin`` reloads checkpoint-format tensors into the shadow in a background thread
+    (``initialize_layerwise_reload`` → ``load_weights`` → ``finalize_layerwise_reload``,
+    exactly what ``reload_weights`` does to the live model). Modules that share a
+    parameter with a reloaded module without loading it themselves (a tied ``lm_head``)
+    are post-processed again, since their kernels were built from the old tensor.
+    ``commit`` then, for every reloaded module, swaps each parameter/buffer with the
+    shadow's (``.data`` pointers on CPU; a device copy elsewhere) and every attribute the
+    post-processing replaced (found by identity before/after the reload, e.g. the CPU GEMM
+    closure over its pre-packed weights). The shadow then holds the old weights.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        from vllm.platforms import current_platform
+
+        start = time.perf_counter()
+        self._worker = worker
+        self.live: torch.nn.Module = worker.model_runner.get_model()
+        self.shadow = _build_shadow(worker)
+        self._copy = not current_platform.is_cpu()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+        self._staged: set[str] = set()  # modules whose new state sits in the shadow
+        self._derived: dict[str, set[str]] = {}  # module -> attributes processing sets
+        self._count = 0
+        self.nbytes = sum(
+            t.numel() * t.element_size()
+            for t in itertools.chain(self.shadow.parameters(), self.shadow.buffers())
+        )
+        logger.info(
+            "staged weight swap: shadow model (%.1f MB) built in %.2fs",
+            self.nbytes / 1e6,
+            time.perf_counter() - start,
+        )
+
+    def begin(self, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], fresh: bool) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("a weight staging is still running on this worker")
+            if fresh:
+                self._staged = set()
+                self._count = 0
+            self._error = None
+            self._thread = threading.Thread(
+                target=self._run, args=(tensors,), name="agentrl-stage-weights", daemon=True
+            )
+            self._thread.start()
+
+    def poll(self) -> list[Any]:
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+            return [not running, self._error, self._count]
+
+    def discard(self) -> None:
+        with self._lock:
+            self._staged = set()
+            self._count = 0
+
+    def commit(self) -> int:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("weight staging has not finished")
+            if self._error is not None:
+                raise RuntimeError(f"weight staging failed: {self._error}")
+            if not self._staged:
+                raise RuntimeError("no weights are staged")
+            staged, self._staged, self._count = sorted(self._staged), set(), 0
+        live = dict(self.live.named_modules())
+        shadow = dict(self.shadow.named_modules())
+        seen: set[int] = set()  # a tied tensor is swapped once
+        for name in staged:
+            live_mod, shadow_mod = live[name], shadow[name]
+            for table in ("_parameters", "_buffers"):
+                shadow_table = getattr(shadow_mod, table)
+                for key, tensor in getattr(live_mod, table).items():
+                    other = shadow_table.get(key)
+                    if tensor is None or other is None or id(tensor) in seen:
+                        continue
+                    seen.add(id(tensor))
+                    _swap_tensor(tensor, other, self._copy)
+            for attr in self._derived.get(name, ()):
+                live_value = live_mod.__dict__.get(attr, _NOT_SET)
+                shadow_value = shadow_mod.__dict__.get(attr, _NOT_SET)
+                _set_attr(live_mod, attr, shadow_value)
+                _set_attr(shadow_mod, attr, live_value)
+        return len(staged)
+
+    def _run(self, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                modules, count = self._load(tensors())
+        except BaseException as exc:
+            logger.exception("weight staging failed")
+            with self._lock:
+                self._error = f"{type(exc).__name__}: {exc}"
+                self._staged = set()
+                self._count = 0
+            return
+        with self._lock:
+            self._staged |= modules
+            self._count += count
+        logger.debug(
+            "staged %d tensors (%d modules) in %.2fs",
+            count,
+            len(modules),
+            time.perf_counter() - start,
+        )
+
+    def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> tuple[set[str], int]:
+        from vllm.model_executor.layers.attention import is_deferred_attention_layer
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        model_config = self._worker.vllm_config.model_config
+        shadow = self.shadow
+        modules = dict(shadow.named_modules())
+        before = {name: dict(vars(mod)) for name, mod in modules.items()}
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for item in weights:
+                count += 1
+                yield item
+
+        initialize_layerwise_reload(shadow)
+        try:
+            loaded = shadow.load_weights(counted())
+        finally:
+            finalize_layerwise_reload(shadow, model_config)
+        if loaded is None:
+            raise NotImplementedError(
+                f"{type(shadow).__name__}.load_weights does not report what it loaded"
+            )
+        reloaded = {name.rpartition(".")[0] for name in loaded}
+        unknown = reloaded - modules.keys()
+        if unknown:
+            raise RuntimeError(f"loaded weights of unknown modules: {sorted(unknown)[:4]}")
+        if any(is_deferred_attention_layer(modules[name]) for name in reloaded):
+            raise NotImplementedError("staged weight swap of attention-layer weights")
+        reloaded |= rebuild_tied_kernels(shadow, reloaded)
+        for name in reloaded:
+            after = vars(modules[name])
+            changed = {
+                key
+                for key, value in after.items()
+                if key not in _MODULE_INTERNALS and before[name].get(key, _NOT_SET) is not value
+            }
+            self._derived.setdefault(name, set()).update(changed)
+        return reloaded, count
+
+
+def rebuild_tied_kernels(model: torch.nn.Module, reloaded: set[str]) -> set[str]:
+    """Post-process again the modules that share a parameter with a reloaded module.
+
+    A tied ``lm_head`` holds the embedding's tensor but is not reloaded itself (the
+    checkpoint has no ``lm_head.weight``), so vLLM's reload leaves its kernel, e.g. the CPU
+    GEMM's pre-packed copy of the weight, built from the old tensor. Returns their names.
+    """
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    modules = dict(model.named_modules())
+    shared = {
+        id(t)
+        for name in reloaded
+        if name in modules
+        for t in modules[name]._parameters.values()
+        if t is not None
+    }
+    rebuilt = set()
+    for name, module in modules.items():
+        if name in reloaded or not any(
+            id(t) in shared for t in module._parameters.values() if t is not None
+        ):
+            continue
+        quant_method = getattr(module, "quant_method", None)
+        if isinstance(quant_method, QuantizeMethodBase):
+            quant_method.process_weights_after_loading(module)
+        rebuilt.add(name)
+    return rebuilt
+
+
+def _set_attr(module: torch.nn.Module, attr: str, value: Any) -> None:
+    if value is _NOT_SET:
+        module.__dict__.pop(attr, None)
+    else:
+        module.__dict__[attr] = value
