@@ -6,6 +6,7 @@ tool calls mean the same thing wherever it runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -63,6 +64,12 @@ def get_tool_parser(name: str) -> ToolCallParser:
         raise ValueError(f"unknown tool parser {name!r}; registered: {sorted(_PARSERS)}") from None
 
 
+@functools.cache
+def _block_pattern(open_tag: str, close_tag: str) -> re.Pattern[str]:
+    # Parsers are built once per episode; compiling (even through re's cache) is not free.
+    return re.compile(re.escape(open_tag) + r"(.*?)" + re.escape(close_tag), re.DOTALL)
+
+
 @register_tool_parser("hermes")
 class HermesToolParser(ToolCallParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen, Hermes)."""
@@ -71,9 +78,7 @@ class HermesToolParser(ToolCallParser):
     close_tag = "</tool_call>"
 
     def __init__(self) -> None:
-        self._block = re.compile(
-            re.escape(self.open_tag) + r"(.*?)" + re.escape(self.close_tag), re.DOTALL
-        )
+        self._block = _block_pattern(self.open_tag, self.close_tag)
 
     def parse(self, text: str) -> ParsedTurn:
         turn = ParsedTurn(content="")
