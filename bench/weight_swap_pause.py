@@ -5,13 +5,15 @@ serves one streaming greedy request while ``swap_weights`` (what a rollout repli
 an object-store push: pause(keep) → load → reset prefix cache → resume) pushes new
 weights ``--swaps`` times, alternating the checkpoint and a perturbed copy. Reported:
 
-- ``pause_ms``: the pause the replica reports (``swap_weights``' return value): no token
-  can be produced inside it;
+- ``pause_ms``: the pause the replica reports (``swap_weights``' return value, from the
+  pause request to the resume); ``paused_ms`` is the part after the engine core took the
+  pause (before it, the step in flight finishes and still produces tokens);
 - ``token_gap_ms``: the longest interval without a new token of the streaming request
   around the swap (includes the pause, the recompute of the held request's KV cache under
   the new weights after the reset, and the slowdown while staging), next to the longest
   gap of an equally long window without a swap (``baseline_gap_ms``);
-- ``push_ms``: the whole ``swap_weights`` call (staged: most of it runs while generating).
+- ``push_ms``: the whole ``swap_weights`` call (staged: most of it runs while generating),
+  and the mean time per token of the streaming request before and during the push.
 
 Medians over the swaps after the first (which pays one-time costs), and the minimum. After
 the last swap each mode decodes a fixed prompt greedily; ``outputs_match`` says whether
@@ -80,6 +82,14 @@ async def _stream(engine, request_id: str, stamps: list[float], stop: asyncio.Ev
         raise RuntimeError("the streaming request ended before the swap did")
 
 
+def _interval(stamps: list[float], start: float, end: float) -> float:
+    """Mean time per token inside [start, end] (nan without two tokens there)."""
+    inside = [t for t in stamps if start <= t <= end]
+    if len(inside) < 2:
+        return float("nan")
+    return (inside[-1] - inside[0]) / (len(inside) - 1)
+
+
 def _max_gap(stamps: list[float], start: float, end: float) -> float:
     """Longest interval without a token that overlaps [start, end]."""
     inside = [t for t in stamps if t >= start]
@@ -126,13 +136,18 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
             stop.set()
             await engine._llm.abort(request_id)
             await asyncio.wait_for(stream, 30)
+            timings = engine.last_swap_timings
             rows.append(
                 {
                     "pause_s": paused,
+                    "paused_s": timings["paused_s"],
                     "push_s": end - start,
                     "token_gap_s": _max_gap(stamps, start, end + 0.2),
                     "baseline_gap_s": _max_gap(stamps, calm_start, start),
+                    "token_interval_s": _interval(stamps, calm_start, start),
+                    "token_interval_during_push_s": _interval(stamps, start, end - paused),
                     "tokens_at_swap": sum(t < start for t in stamps),
+                    "phases_s": timings,
                 }
             )
             logging.info(
@@ -154,7 +169,8 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
 
 
 def _summary(rows: list[dict], key: str) -> dict[str, float]:
-    values = [r[key] * 1e3 for r in rows[1:]] or [r[key] * 1e3 for r in rows]
+    values = [r[key] * 1e3 for r in rows[1:] or rows]
+    values = [v for v in values if v == v] or [float("nan")]  # drop nan
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -183,7 +199,15 @@ async def main() -> None:
             "bytes": sum(t.numel() * t.element_size() for _, t in weights[0]),
         }
         for mode, run in by_mode.items():
-            for metric in ("pause_s", "token_gap_s", "baseline_gap_s", "push_s"):
+            for metric in (
+                "pause_s",
+                "paused_s",
+                "token_gap_s",
+                "baseline_gap_s",
+                "token_interval_s",
+                "token_interval_during_push_s",
+                "push_s",
+            ):
                 entry[f"{metric.removesuffix('_s')}_ms_{mode}"] = _summary(run["rows"], metric)
             entry[f"swaps_{mode}"] = run["rows"]
         inplace, staged = by_mode["inplace"], by_mode["staged"]
@@ -200,10 +224,22 @@ async def main() -> None:
     headline = results["models"].get("smollm2") or next(iter(results["models"].values()))
     results["pause_ms_inplace"] = headline["pause_ms_inplace"]["median"]
     results["pause_ms_staged"] = headline["pause_ms_staged"]["median"]
+    results["paused_ms_inplace"] = headline["paused_ms_inplace"]["median"]
+    results["paused_ms_staged"] = headline["paused_ms_staged"]["median"]
     results["ratio"] = headline["ratio"]
 
     table = Table(title="Weight-swap pause window, in-place vs staged (median over swaps 2..n)")
-    for column in ("model", "mode", "pause ms (min)", "token gap ms", "no-swap gap ms", "push ms"):
+    columns = (
+        "model",
+        "mode",
+        "pause ms (min)",
+        "after pause took ms",
+        "token gap ms",
+        "no-swap gap ms",
+        "ms/token before → during push",
+        "push ms",
+    )
+    for column in columns:
         table.add_column(column, justify="right")
     for key, entry in results["models"].items():
         for mode in ("inplace", "staged"):
@@ -212,12 +248,22 @@ async def main() -> None:
                 key,
                 mode,
                 f"{pause['median']:.1f} ({pause['min']:.1f})",
+                f"{entry[f'paused_ms_{mode}']['median']:.1f}",
                 f"{entry[f'token_gap_ms_{mode}']['median']:.1f}",
                 f"{entry[f'baseline_gap_ms_{mode}']['median']:.1f}",
+                f"{entry[f'token_interval_ms_{mode}']['median']:.1f} → "
+                f"{entry[f'token_interval_during_push_ms_{mode}']['median']:.1f}",
                 f"{entry[f'push_ms_{mode}']['median']:.0f}",
             )
         table.add_row(
-            key, "ratio", f"{entry['ratio']:.0f}x", "", "", f"match={entry['outputs_match']}"
+            key,
+            "ratio",
+            f"{entry['ratio']:.0f}x",
+            "",
+            "",
+            "",
+            "",
+            f"match={entry['outputs_match']}",
         )
     Console().print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

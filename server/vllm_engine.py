@@ -21,7 +21,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +184,7 @@ class VLLMEngine(RolloutEngine):
                 self._staging_ready = asyncio.get_running_loop().create_task(self._init_staging())
         self._inflight: dict[str, asyncio.Future[TokenOutput | None]] = {}
         self._counters = _Counters()
+        self.last_swap_timings: dict[str, float] = {}
         logger.info(
             "vLLM engine up in %.1fs: %s (%s, tp=%d, max_model_len=%d, block_size=%d)",
             time.perf_counter() - start,
@@ -332,11 +333,33 @@ class VLLMEngine(RolloutEngine):
         self._check_open()
         pause_mode = PauseMode(mode)
         if not await self._use_staging():
-            return await super().swap_weights(buckets, version, pause_mode)
+            return await self._swap_in_place(
+                lambda: self._update_buckets(buckets, version), pause_mode
+            )
         tensors = self._validate_update(itertools.chain.from_iterable(buckets))
         async with self._staging:
             await self._stage_tensors(tensors)
             return await self._commit_staged(version, pause_mode, reset_cache=True)
+
+    async def _update_buckets(self, buckets: Sequence[NamedTensors], version: int) -> None:
+        for named_tensors in buckets:
+            await self.update_weights(named_tensors, version)
+
+    async def _swap_in_place(self, load: Callable[[], Awaitable[None]], mode: PauseMode) -> float:
+        """Pause → ``load`` → reset prefix cache → resume, timed like a staged swap."""
+        marks = [("start", time.perf_counter())]
+        await self.pause(mode)
+        marks.append(("pause_wait", time.perf_counter()))
+        try:
+            await load()
+            marks.append(("load", time.perf_counter()))
+            await self.reset_prefix_cache()
+            marks.append(("reset_cache", time.perf_counter()))
+        finally:
+            await self.resume()
+            marks.append(("resume", time.perf_counter()))
+        self._record_swap(marks)
+        return marks[-1][1] - marks[0][1]
 
     # -- staged swap --------------------------------------------------------------------
 
@@ -418,10 +441,11 @@ class VLLMEngine(RolloutEngine):
         Returns the seconds generation was paused here.
         """
         async with self._control:
-            start = time.perf_counter()
+            marks = [("start", time.perf_counter())]
             pause_here = not self._paused
             if pause_here:
                 await self._pause_engine(mode)
+            marks.append(("pause_wait", time.perf_counter()))
             try:
                 try:
                     await self._llm.collective_rpc("agentrl_stage_commit")
@@ -430,19 +454,36 @@ class VLLMEngine(RolloutEngine):
                         f"swapping in the staged weights (version {version}) failed; the "
                         f"engine may hold a mix of old and new weights: {exc}"
                     ) from exc
+                marks.append(("swap", time.perf_counter()))
                 await self._llm.update_weight_version(str(version))
                 self._version = version
                 self._counters.weight_updates += 1
+                marks.append(("label", time.perf_counter()))
                 if reset_cache:
                     await self._reset_prefix_cache()
+                    marks.append(("reset_cache", time.perf_counter()))
             finally:
                 if pause_here:
                     await self._llm.resume_generation()
-            paused = time.perf_counter() - start
+                    marks.append(("resume", time.perf_counter()))
+        self._record_swap(marks)
+        return marks[-1][1] - marks[0][1]
+
+    def _record_swap(self, marks: list[tuple[str, float]]) -> None:
+        """Keep the phases of the last swap (``last_swap_timings``, seconds) and log them.
+
+        ``pause_wait`` is the time until the engine core took the pause: it finishes the
+        step in flight first, which still produces tokens. ``paused`` is the rest.
+        """
+        timings = {f"{name}_s": t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}
+        timings["total_s"] = marks[-1][1] - marks[0][1]
+        timings["paused_s"] = timings["total_s"] - timings.get("pause_wait_s", 0.0)
+        self.last_swap_timings = timings
         logger.info(
-            "swapped in staged weights as version %d; paused %.1f ms", version, paused * 1e3
+            "weight swap to version %d: %s",
+            self._version,
+            ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f} ms" for k, v in timings.items()),
         )
-        return paused
 
     def _workers_are_local(self) -> bool:
         parallel = self._llm.vllm_config.parallel_config
@@ -548,7 +589,9 @@ class VLLMEngine(RolloutEngine):
         self._check_open()
         pause_mode = PauseMode(mode)
         if not await self._use_staging():
-            return await super().swap_received_weights(plans, version, pause_mode)
+            return await self._swap_in_place(
+                lambda: self.receive_weights(plans, version), pause_mode
+            )
         async with self._staging:
             await self._run_staging({"kind": "broadcast", "plans": plans})
             return await self._commit_staged(version, pause_mode, reset_cache=True)

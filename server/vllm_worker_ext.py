@@ -91,16 +91,29 @@ class WeightSyncExtension:
             for item in tensors:
                 yield decode_tensor(item)
 
-        self.reload_weights(weights_iterator=weights())  # type: ignore[attr-defined]
-        self._agentrl_rebuild_tied({name for name, *_ in tensors})
+        self._agentrl_reload(weights())
         logger.debug("reloaded %d tensors", len(tensors))
         return len(tensors)
 
-    def _agentrl_rebuild_tied(self, names: set[str]) -> None:
-        """After an in-place reload of ``names``: rebuild the kernels of tied modules."""
+    def _agentrl_reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The worker's ``reload_weights`` in place, then rebuild the kernels of tied modules."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        load_weights = model.load_weights
+        loaded: set[str] = set()
+
+        def recording_load_weights(*args: Any, **kwargs: Any) -> Any:
+            names = load_weights(*args, **kwargs)
+            loaded.update(names or ())
+            return names
+
+        # The reload calls model.load_weights; an instance attribute records what it loaded.
+        model.load_weights = recording_load_weights
+        try:
+            self.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
+        finally:
+            del model.load_weights
         with torch.no_grad():
-            rebuild_tied_kernels(model, {name.rpartition(".")[0] for name in names})
+            rebuild_tied_kernels(model, {name.rpartition(".")[0] for name in loaded})
 
     def agentrl_join_group(
         self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
@@ -130,8 +143,7 @@ class WeightSyncExtension:
         count = 0
         for plan in plans_from_wire(plans):
             tensors = group.receive_bucket(plan)
-            self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
-            self._agentrl_rebuild_tied({name for name, _ in tensors})
+            self._agentrl_reload(tensors)
             count += len(tensors)
         logger.debug("received and reloaded %d tensors", count)
         return count
@@ -448,6 +460,7 @@ class StagedWeights:
         if any(is_deferred_attention_layer(modules[name]) for name in reloaded):
             raise NotImplementedError("staged weight swap of attention-layer weights")
         reloaded |= rebuild_tied_kernels(shadow, reloaded)
+        known = set().union(*self._derived.values()) if self._derived else set()
         for name in reloaded:
             after = vars(modules[name])
             changed = {
@@ -456,6 +469,9 @@ class StagedWeights:
                 if key not in _MODULE_INTERNALS and before[name].get(key, _NOT_SET) is not value
             }
             self._derived.setdefault(name, set()).update(changed)
+        derived = set().union(*self._derived.values()) if self._derived else set()
+        if derived != known:
+            logger.info("staged swap exchanges these module attributes too: %s", sorted(derived))
         return reloaded, count
 
 

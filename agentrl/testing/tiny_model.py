@@ -141,10 +141,13 @@ def build_tiny_checkpoint(
     vocab_size: int = 1024,
     max_position_embeddings: int = 4096,
     seed: int = 0,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Write a random Qwen2-style model + tokenizer as a normal HF checkpoint; return its path.
 
-    Reuses ``out_dir`` if it already holds a complete checkpoint (``.complete`` marker).
+    ``tie_word_embeddings``: the output projection is the embedding matrix (as in
+    SmolLM2). Reuses ``out_dir`` if it already holds a complete checkpoint (``.complete``
+    marker).
     """
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -165,7 +168,7 @@ def build_tiny_checkpoint(
         num_key_value_heads=num_kv_heads,
         head_dim=hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

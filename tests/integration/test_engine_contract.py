@@ -32,11 +32,14 @@ def tokenizer(tiny_checkpoint):
     return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
-@pytest.fixture(scope="module", params=["vllm", "hf"])
+@pytest.fixture(scope="module", params=["vllm", "vllm-inplace", "hf"])
 async def engine(request, tiny_checkpoint):
+    """vLLM with staged weight swaps (the default), vLLM loading in place, HFEngine."""
+    backend, _, swap = request.param.partition("-")
     model_cfg = ModelConfig(path=str(tiny_checkpoint))
     engine_cfg = EngineConfig(
-        backend=request.param,
+        backend=backend,
+        weight_swap=swap or "staged",
         max_model_len=MAX_MODEL_LEN,
         kv_cache_memory_bytes=64 * 1024**2,
         max_num_seqs=16,
