@@ -2,7 +2,9 @@
 
 A push is ``pause → load the new weights as version v → reset prefix cache → resume`` on
 every replica, done by one call per replica after the weights are already fetched, so a
-replica stops producing tokens only for its own load.
+replica stops producing tokens only for its own load. A vLLM replica with
+``engine.weight_swap=staged`` (the default) loads them into a shadow copy of the model
+while still generating and pauses only to swap the copies (milliseconds).
 With ``pause_mode="keep"`` in-flight requests are held, not lost, and continue under the
 new weights (their tokens carry the new version); with ``"abort"`` they end early with
 their partial tokens and the agent loops resubmit them (partial rollout).
@@ -314,10 +316,12 @@ class CollectiveBroadcastSync(WeightSync):
     1. asks every replica who it is (control path, ``handle.broadcast``), forming the
        group if needed, and lays the weights out in buckets (a decoder layer is never
        split); the first push also has every replica check the names and shapes;
-    2. every replica pauses (``pause_mode``) and its workers receive the buckets while
-       rank 0 broadcasts them (``timeout_s`` bounds each broadcast);
-    3. the workers load each bucket with vLLM's ``reload_weights`` (tensor-parallel
-       workers shard the full tensors themselves), the engine labels the weights
+    2. every replica's workers receive the buckets while rank 0 broadcasts them
+       (``timeout_s`` bounds each broadcast) and load them with vLLM's layerwise reload
+       (tensor-parallel workers shard the full tensors themselves): staged vLLM engines
+       into a shadow model while still generating, in-place ones after pausing
+       (``pause_mode``);
+    3. the replica pauses (staged: only now), swaps the shadow in, labels the weights
        ``version``, resets its prefix cache and resumes.
 
     ``push(named_tensors)`` is rank 0 in this process; ``push_from(actor_group)`` makes

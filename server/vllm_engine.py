@@ -385,7 +385,8 @@ class VLLMEngine(RolloutEngine):
             )
             return
         logger.info(
-            "staged weight swap ready in %.2fs (shadow model %.1f MB per worker)",
+            "staged weight swap ready in %.2fs (shadow model: %.1f MB of tensors per worker "
+            "besides the kernels' packed weights)",
             time.perf_counter() - start,
             max(sizes) / 1e6,
         )

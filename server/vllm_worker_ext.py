@@ -346,9 +346,10 @@ class StagedWeights:
             for t in itertools.chain(self.shadow.parameters(), self.shadow.buffers())
         )
         logger.info(
-            "staged weight swap: shadow model (%.1f MB) built in %.2fs",
-            self.nbytes / 1e6,
+            "staged weight swap: shadow model built in %.2fs (%.1f MB of parameters and "
+            "buffers, kernel-packed weights not counted)",
             time.perf_counter() - start,
+            self.nbytes / 1e6,
         )
 
     def begin(self, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], fresh: bool) -> None:
