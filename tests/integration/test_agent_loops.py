@@ -6,17 +6,14 @@ One Ray start and one rollout deployment are shared by the module.
 from __future__ import annotations
 
 import pytest
-import ray
-from ray import serve
 from transformers import AutoTokenizer
 
 from agentrl.agent_loops.output import ENV_TOKEN_VERSION
-from agentrl.config import load_config
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.tools import BaseTool, FunctionCall, ToolResponse
 from agentrl.tools.parsers import ParsedTurn, ToolCallParser, register_tool_parser
 
@@ -54,28 +51,23 @@ class RecordingClient:
 
 @pytest.fixture(scope="module")
 def cfg(tiny_checkpoint):
-    return load_config(
-        None,
+    return tiny_serving_config(
+        tiny_checkpoint,
+        18766,
         [
-            f"model.path={tiny_checkpoint}",
-            "server.num_replicas=1",
-            "server.http_port=18766",
-            "server.engine.max_model_len=2048",
-            "server.engine.kv_cache_memory_bytes=67108864",
             "rollout.num_workers=2",
             "rollout.max_response_length=400",
             "rollout.drift_check_rate=1.0",
-            "ray.num_cpus=2",
         ],
+        replicas=1,
+        max_model_len=2048,
     )
 
 
 @pytest.fixture(scope="module")
 async def client(cfg):
-    init_ray(cfg.ray)
-    yield start_rollout_servers(cfg.model, cfg.server)
-    serve.shutdown()
-    ray.shutdown()
+    with rollout_servers(cfg) as client:
+        yield client
 
 
 async def test_three_turn_tool_episode_lines_up_with_engine_outputs(cfg, client, tiny_checkpoint):

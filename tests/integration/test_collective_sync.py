@@ -11,15 +11,12 @@ import asyncio
 import time
 
 import pytest
-import ray
 import torch
-from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.config import load_config
 from agentrl.server.collective import CollectiveSyncError
-from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.trainer.config import ActorConfig
 from agentrl.trainer.group import ActorGroup
 from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync, make_weight_sync
@@ -31,26 +28,19 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def cfg(tiny_checkpoint):
-    return load_config(
-        None,
-        [
-            f"model.path={tiny_checkpoint}",
-            "server.num_replicas=2",
-            "server.http_port=18770",
-            "server.engine.max_model_len=512",
-            "server.engine.kv_cache_memory_bytes=33554432",
-            "server.engine.max_num_seqs=8",
-            "ray.num_cpus=2",
-        ],
+    return tiny_serving_config(
+        tiny_checkpoint,
+        18770,
+        ["server.engine.max_num_seqs=8"],
+        max_model_len=512,
+        kv_cache_bytes=32 * 2**20,
     )
 
 
 @pytest.fixture(scope="module")
 async def client(cfg):
-    init_ray(cfg.ray)
-    yield start_rollout_servers(cfg.model, cfg.server)
-    serve.shutdown()
-    ray.shutdown()
+    with rollout_servers(cfg) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import sys
 import httpx
 import openai
 import pytest
-import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray import serve
@@ -25,12 +24,12 @@ from transformers import AutoTokenizer
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
-from agentrl.config import RolloutConfig, load_config
+from agentrl.config import RolloutConfig
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, start_gateway
-from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import SamplingParams
 from agentrl.testing.context import loop_context
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 pytestmark = pytest.mark.integration
@@ -43,35 +42,26 @@ ADD = ADD_TOOL_SCHEMA
 
 @pytest.fixture(scope="module")
 def cfg(tiny_checkpoint):
-    return load_config(
-        None,
-        [
-            f"model.path={tiny_checkpoint}",
-            "server.name=rollout-gateway-test",
-            "server.num_replicas=2",
-            f"server.http_port={PORT}",
-            "server.engine.max_model_len=1024",
-            "server.engine.kv_cache_memory_bytes=67108864",
-            "server.engine.max_num_seqs=16",
-            "ray.num_cpus=2",
-        ],
+    return tiny_serving_config(
+        tiny_checkpoint,
+        PORT,
+        ["server.name=rollout-gateway-test", "server.engine.max_num_seqs=16"],
     )
 
 
 @pytest.fixture(scope="module")
 def urls(cfg):
     """{"open": base_url, "secure": base_url} of the two gateway apps."""
-    init_ray(cfg.ray)
-    start_rollout_servers(cfg.model, cfg.server)
-    common = {"served_model_name": MODEL, "default_max_tokens": 16}
-    open_cfg = GatewayConfig(app_name="gw-open", route_prefix="/", **common)
-    secure_cfg = GatewayConfig(app_name="gw-secure", route_prefix="/secure", api_key=KEY, **common)
-    yield {
-        "open": start_gateway(open_cfg, cfg.model, cfg.server),
-        "secure": start_gateway(secure_cfg, cfg.model, cfg.server),
-    }
-    serve.shutdown()
-    ray.shutdown()
+    with rollout_servers(cfg):
+        common = {"served_model_name": MODEL, "default_max_tokens": 16}
+        open_cfg = GatewayConfig(app_name="gw-open", route_prefix="/", **common)
+        secure_cfg = GatewayConfig(
+            app_name="gw-secure", route_prefix="/secure", api_key=KEY, **common
+        )
+        yield {
+            "open": start_gateway(open_cfg, cfg.model, cfg.server),
+            "secure": start_gateway(secure_cfg, cfg.model, cfg.server),
+        }
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,10 @@ import os
 import pytest
 import ray
 import torch
-from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.config import load_config
-from agentrl.server.launch import init_ray, start_rollout_servers
 from agentrl.server.types import PauseMode, RolloutError, SamplingParams
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -28,28 +26,22 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def cfg(tiny_checkpoint):
-    return load_config(
-        None,
+    backend = os.environ.get("AGENTRL_SERVING_BACKEND", "vllm")
+    return tiny_serving_config(
+        tiny_checkpoint,
+        18765,
         [
-            f"model.path={tiny_checkpoint}",
-            "server.num_replicas=2",
-            "server.http_port=18765",
             "server.max_retries=4",
-            f"server.engine.backend={os.environ.get('AGENTRL_SERVING_BACKEND', 'vllm')}",
-            "server.engine.max_model_len=1024",
-            "server.engine.kv_cache_memory_bytes=67108864",
+            f"server.engine.backend={backend}",
             "server.engine.max_num_seqs=16",
-            "ray.num_cpus=2",
         ],
     )
 
 
 @pytest.fixture(scope="module")
 async def client(cfg):
-    init_ray(cfg.ray)
-    yield start_rollout_servers(cfg.model, cfg.server)
-    serve.shutdown()
-    ray.shutdown()
+    with rollout_servers(cfg) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
