@@ -1,7 +1,8 @@
 """The full ReTool-mini CPU recipe as a benchmark: does the reward curve rise, how fast?
 
-Runs ``recipes/retool/run_cpu.sh`` (SmolLM2-135M-Instruct, multiarith, sandboxed code
-interpreter, 2 vLLM-CPU replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
+Runs ``recipes/retool/run_cpu.sh`` (data prep, the cold-start SFT, then RL:
+SmolLM2-135M-Instruct, reasoning-gym arithmetic, sandboxed code interpreter, 2 vLLM-CPU
+replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
 
     .venv/bin/python bench/retool_cpu.py [dotted overrides passed to the recipe]
 
@@ -38,6 +39,7 @@ def main() -> None:
     records = [json.loads(x) for x in (RUN_DIR / "metrics.jsonl").read_text().splitlines()]
     reward = _curve(records, "reward/score/mean")
     accuracy = _curve(records, "val/acc/mean")
+    val_reward = _curve(records, "val/score/mean")
     tool_calls = _curve(records, "rollout/tool_calls")
     valid_calls = _curve(records, "rollout/tool_calls/ok")
     payload = {
@@ -45,12 +47,15 @@ def main() -> None:
         "minutes": minutes,
         "reward_curve": reward,
         "val_accuracy_curve": accuracy,
+        "val_reward_curve": val_reward,
         "tool_calls_curve": tool_calls,
         "valid_tool_calls_curve": valid_calls,
         "reward_first": reward[0][1] if reward else None,
         "reward_last": reward[-1][1] if reward else None,
         "accuracy_first": accuracy[0][1] if accuracy else None,
         "accuracy_last": accuracy[-1][1] if accuracy else None,
+        "val_reward_first": val_reward[0][1] if val_reward else None,
+        "val_reward_last": val_reward[-1][1] if val_reward else None,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(payload, indent=2))
