@@ -64,6 +64,27 @@ class SyncTimings:
     num_bytes: int
     num_buckets: int
 
+    @classmethod
+    def from_clock(
+        cls,
+        start: float,
+        prepared: float,
+        pauses: list[float],
+        num_tensors: int,
+        num_bytes: int,
+        num_buckets: int,
+    ) -> SyncTimings:
+        """Timings of a push that started at ``start`` and had its buckets ready at
+        ``prepared`` (``time.perf_counter`` values), ending now; ``pauses`` per replica."""
+        return cls(
+            prepare_s=prepared - start,
+            pause_s=max(pauses, default=0.0),
+            total_s=time.perf_counter() - start,
+            num_tensors=num_tensors,
+            num_bytes=num_bytes,
+            num_buckets=num_buckets,
+        )
+
     def metrics(self) -> dict[str, float]:
         return {
             "timing/weight_sync": self.total_s,
@@ -150,15 +171,7 @@ class ObjectStoreSync(WeightSync):
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         prepared = time.perf_counter()
         pauses = await self._client.swap_weights(refs, version, self._pause_mode)
-        end = time.perf_counter()
-        timings = SyncTimings(
-            prepare_s=prepared - start,
-            pause_s=max(pauses, default=0.0),
-            total_s=end - start,
-            num_tensors=num_tensors,
-            num_bytes=num_bytes,
-            num_buckets=len(refs),
-        )
+        timings = SyncTimings.from_clock(start, prepared, pauses, num_tensors, num_bytes, len(refs))
         logger.info(
             "pushed %d tensors (%.1f MB, %d buckets) as version %d: pause %.0f ms, total %.0f ms",
             num_tensors,
@@ -396,16 +409,10 @@ class CollectiveBroadcastSync(WeightSync):
                 f"push: {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}"
             ) from errors[0]
         pauses: list[float] = results[0]  # type: ignore[assignment]
-        end = time.perf_counter()
         slots = [slot for p in plans for slot in BucketPlan.from_wire(p).slots]
         num_tensors, num_bytes = len(slots), sum(slot.nbytes for slot in slots)
-        timings = SyncTimings(
-            prepare_s=prepared - start,
-            pause_s=max(pauses, default=0.0),
-            total_s=end - start,
-            num_tensors=num_tensors,
-            num_bytes=num_bytes,
-            num_buckets=len(plans),
+        timings = SyncTimings.from_clock(
+            start, prepared, pauses, num_tensors, num_bytes, len(plans)
         )
         logger.info(
             "broadcast (%s) %d tensors (%.1f MB, %d buckets) as version %d to %d replica(s): "
