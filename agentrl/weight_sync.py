@@ -399,15 +399,12 @@ class CollectiveBroadcastSync(WeightSync):
             self._checked_plans = plans
         prepared = time.perf_counter()
         swap = self._client.collective_swap(group.group_id, plans, version, self._pause_mode)
-        results = await asyncio.gather(swap, self._sender.send(), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self._drop_group()
-            raise CollectiveSyncError(
-                f"broadcasting weights version {version} to {len(group.workers)} replica(s) "
-                f"failed ({self.backend}); the group is dropped and formed again at the next "
-                f"push: {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}"
-            ) from errors[0]
+        results = await self._all_or_drop_group(
+            [swap, self._sender.send()],
+            f"broadcasting weights version {version} to {len(group.workers)} replica(s) "
+            f"failed ({self.backend}); the group is dropped and formed again at the next "
+            "push: ",
+        )
         pauses: list[float] = results[0]  # type: ignore[assignment]
         slots = [slot for p in plans for slot in BucketPlan.from_wire(p).slots]
         num_tensors, num_bytes = len(slots), sum(slot.nbytes for slot in slots)
@@ -453,20 +450,12 @@ class CollectiveBroadcastSync(WeightSync):
         spec = await sender.host(
             self.backend, layout.world_size, group.group_id, self._join_timeout_s, self._timeout_s
         )
-        results = await asyncio.gather(
-            sender.connect(),
-            self._client.collective_join(spec, layout.offsets),
-            return_exceptions=True,
+        await self._all_or_drop_group(
+            [sender.connect(), self._client.collective_join(spec, layout.offsets)],
+            f"weight-broadcast group ({self.backend}, {layout.world_size} ranks: rank 0 and "
+            f"{len(workers)} replica(s) at {spec['master_addr']}:{spec['master_port']}) "
+            f"was not formed within {self._join_timeout_s:.0f}s: ",
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self._drop_group()
-            raise CollectiveSyncError(
-                f"weight-broadcast group ({self.backend}, {layout.world_size} ranks: rank 0 and "
-                f"{len(workers)} replica(s) at {spec['master_addr']}:{spec['master_port']}) "
-                f"was not formed within {self._join_timeout_s:.0f}s: "
-                + "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-            ) from errors[0]
         self._group = group
         self._checked_plans = None
         logger.info(
@@ -478,6 +467,18 @@ class CollectiveBroadcastSync(WeightSync):
             time.perf_counter() - start,
         )
         return group
+
+    async def _all_or_drop_group(self, awaitables: list, failure: str) -> list:
+        """Await all of ``awaitables``; if any failed, drop the group and raise
+        ``CollectiveSyncError`` with ``failure`` followed by every error."""
+        results = await asyncio.gather(*awaitables, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self._drop_group()
+            raise CollectiveSyncError(
+                failure + "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+            ) from errors[0]
+        return results
 
     async def _drop_group(self) -> None:
         self._group = None
