@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from transformers import AutoTokenizer
@@ -42,7 +43,12 @@ class ReferenceWorker(FSDPWorkerBase):
         return load_causal_lm(self.model_path, self.config.fsdp, self.trust_remote_code)
 
     def _forward(
-        self, data: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        data: Batch,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, Tensor]:
         packed = pack_rows(
             data["input_ids"], data["attention_mask"], data["response_mask"].shape[1]
@@ -58,7 +64,9 @@ class ReferenceWorker(FSDPWorkerBase):
         log_probs = logits.gather(-1, packed.target_ids.unsqueeze(-1)).squeeze(-1) - log_z
         outputs = {"log_probs": packed.scatter(log_probs)}
         if with_entropy:
-            entropy = log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)
+            # A metric-only entropy skips the autograd graph of a [tokens, vocab] softmax.
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)
             outputs["entropy"] = packed.scatter(entropy)
         return outputs
 
@@ -98,8 +106,12 @@ class ActorWorker(ReferenceWorker):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, float]:
         """One training step on this rank's shard (tagged with mini-batch indices).
+
+        ``entropy_grad=False`` computes the entropy as a metric only (no gradient through
+        it), for losses without an entropy bonus.
 
         Metrics: ``actor/loss`` (mean mini-batch loss), ``actor/grad_norm`` (mean
         pre-clip norm), ``actor/lr``, ``actor/num_optimizer_steps``, and the loss
@@ -116,6 +128,7 @@ class ActorWorker(ReferenceWorker):
             "actor",
             temperature=temperature,
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
         )
 
     def export_hf(self, path: str) -> None:

@@ -175,11 +175,17 @@ class ActorGroup(ReferenceGroup):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> dict[str, float]:
         """One training step (see ``ActorWorker.update_actor`` for the metrics)."""
         _check_temperature(temperature)
         return self.train(
-            "update_actor", batch, loss_fn, temperature=temperature, with_entropy=with_entropy
+            "update_actor",
+            batch,
+            loss_fn,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
         )
 
     def export_hf(self, path: str) -> None:

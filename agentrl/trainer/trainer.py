@@ -240,7 +240,11 @@ class Trainer:
                     self.critic.update_critic, batch, self.critic_loss_fn
                 )
             metrics |= await asyncio.to_thread(
-                self.actor.update_actor, batch, self.loss_fn, with_entropy=True
+                self.actor.update_actor,
+                batch,
+                self.loss_fn,
+                with_entropy=True,
+                entropy_grad=self.cfg.algorithm.kl.entropy_coeff > 0,
             )
         with timer(metrics, "weight_sync"):
             metrics |= await self.push_weights()

@@ -326,3 +326,20 @@ def test_lora_actor_trains_adapters_and_exports_merged_hf_weights(
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(hf_log_probs(exported, batch), after, rtol=0, atol=2e-5)
+
+
+def entropy_grad_probe_loss(log_probs, entropy, mb: MicroBatch):
+    """PPO-clip loss that reports whether the entropy it got carries a gradient."""
+    loss, metrics = ppo_clip_loss(log_probs, entropy, mb)
+    return loss, metrics | {"entropy_has_grad": torch.tensor(float(entropy.requires_grad))}
+
+
+def test_metric_only_entropy_has_no_gradient(actor, vocab_size):
+    batch = make_batch(40, vocab_size)
+    old = actor.compute_log_prob(batch)["log_probs"]
+    batch["old_log_probs"] = perturbed(old, batch, 40)
+    for entropy_grad in (True, False):
+        metrics = actor.update_actor(
+            batch, entropy_grad_probe_loss, with_entropy=True, entropy_grad=entropy_grad
+        )
+        assert metrics["actor/entropy_has_grad"] == float(entropy_grad)
