@@ -7,9 +7,9 @@ responses → generate again, until the model stops calling tools or a limit is 
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections import Counter
 from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopBase
@@ -25,37 +25,41 @@ class ToolAgentLoop(AgentLoopBase):
     """The built-in multi-turn tool-calling loop (Hermes-style calls by default)."""
 
     async def run(self, sample: dict[str, Any], sampling: SamplingParams) -> AgentLoopOutput:
-        messages: list[dict[str, Any]] = [dict(m) for m in sample["prompt"]]
-        trajectory = TrajectoryBuilder(await self.apply_chat_template(messages))
-        executor = ToolCallExecutor(
-            self.tools, self.config.max_parallel_calls, self.config.tool_timeout_s
+        config = self.config
+        check_drift = random.random() < config.drift_check_rate
+        # The conversation as messages is only built when something reads it.
+        messages = (
+            [dict(m) for m in sample["prompt"]] if check_drift or config.keep_messages else None
         )
-        stats: Counter[str] = Counter()
+        trajectory = TrajectoryBuilder(await self.apply_chat_template(sample["prompt"]))
+        executor = ToolCallExecutor(self.tools, config.max_parallel_calls, config.tool_timeout_s)
+        metrics: dict[str, float] = {}
         try:
-            stop_reason = await self._loop(messages, trajectory, executor, sampling, stats)
+            stop_reason = await self._loop(messages, trajectory, executor, sampling, metrics)
             tool_reward = await executor.rewards()
         finally:
             await executor.release()
-        metrics = dict(stats)
-        if random.random() < self.config.drift_check_rate:
+        extra: dict[str, Any] = {"stop_reason": stop_reason, "tool_reward": tool_reward}
+        if check_drift:
             report = await self.renderer.check_drift(messages, trajectory.ids)
             metrics["drift_checked"] = 1
             metrics["tokenization_drift"] = int(report.drifted)
+        if config.keep_messages:
+            extra["messages"] = messages
         return trajectory.build(
-            max_response_length=self.config.max_response_length,
-            metrics=metrics,
-            extra={"stop_reason": stop_reason, "tool_reward": tool_reward, "messages": messages},
+            max_response_length=config.max_response_length, metrics=metrics, extra=extra
         )
 
     async def _loop(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, Any]] | None,
         trajectory: TrajectoryBuilder,
         executor: ToolCallExecutor,
         sampling: SamplingParams,
-        stats: Counter[str],
+        metrics: dict[str, float],
     ) -> str:
-        """Run turns until a stop condition; returns the stop reason."""
+        """Run turns until a stop condition; returns the stop reason. ``messages`` (when
+        kept) gets every new message; ``metrics`` the turn, time and tool-call counts."""
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
         decode, eos = self.tokenizer.decode, renderer.eos_token_id
@@ -72,7 +76,8 @@ class ToolAgentLoop(AgentLoopBase):
                 assistant_turns += 1
                 ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == eos
                 text = decode(out.token_ids[:-1] if ended_with_eos else out.token_ids)
-                messages.append({"role": "assistant", "content": text})
+                if messages is not None:
+                    messages.append({"role": "assistant", "content": text})
 
                 if out.finish_reason == "abort":
                     return "aborted"
@@ -89,7 +94,7 @@ class ToolAgentLoop(AgentLoopBase):
                 start = time.perf_counter()
                 results = await executor.run_turn(parsed)
                 tool_time += time.perf_counter() - start
-                self._count_calls(results, stats)
+                _count_calls(results, metrics)
                 limit, side = config.max_tool_response_length, config.tool_response_truncate_side
                 tool_messages = [
                     {"role": "tool", "content": truncate_response(r.text, limit, side)}
@@ -98,20 +103,26 @@ class ToolAgentLoop(AgentLoopBase):
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - trajectory.response_length
                 trajectory.add_env_tokens(delta[:room])
-                messages.extend(tool_messages)
+                if messages is not None:
+                    messages.extend(tool_messages)
                 user_turns += 1
                 if len(delta) >= room:
                     return "response_budget"
         finally:
-            stats["gen_time_s"] += gen_time
-            stats["assistant_turns"] += assistant_turns
+            metrics["gen_time_s"] = gen_time
+            metrics["assistant_turns"] = assistant_turns
             if user_turns:
-                stats["user_turns"] += user_turns
-                stats["tool_time_s"] += tool_time
+                metrics["user_turns"] = user_turns
+                metrics["tool_time_s"] = tool_time
 
-    @staticmethod
-    def _count_calls(results: list[CallResult], stats: Counter[str]) -> None:
-        for result in results:
-            stats["tool_calls"] += 1
-            stats[f"tool_calls/{result.outcome}"] += 1
-            stats[f"tool_calls/{result.tool}/{result.outcome}"] += 1
+
+@functools.lru_cache(maxsize=4096)
+def _call_metric_keys(tool: str, outcome: str) -> tuple[str, str, str]:
+    return "tool_calls", f"tool_calls/{outcome}", f"tool_calls/{tool}/{outcome}"
+
+
+def _count_calls(results: list[CallResult], metrics: dict[str, float]) -> None:
+    """Count each call as ``tool_calls``, by outcome, and by tool and outcome."""
+    for result in results:
+        for key in _call_metric_keys(result.tool, result.outcome):
+            metrics[key] = metrics.get(key, 0) + 1

@@ -64,14 +64,21 @@ class TrajectoryBuilder:
         metrics: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> AgentLoopOutput:
-        """The sample, cut to ``max_response_length`` tokens if given."""
-        end = len(self.response_ids) if max_response_length is None else max_response_length
+        """The sample, cut to ``max_response_length`` tokens if given.
+
+        The output takes over the builder's lists: build once, when the episode is done.
+        """
+        if max_response_length is not None and len(self.response_ids) > max_response_length:
+            del self.response_ids[max_response_length:]
+            del self.response_mask[max_response_length:]
+            del self.response_logprobs[max_response_length:]
+            del self.response_versions[max_response_length:]
         return AgentLoopOutput(
-            prompt_ids=list(self.prompt_ids),
-            response_ids=self.response_ids[:end],
-            response_mask=self.response_mask[:end],
-            response_logprobs=self.response_logprobs[:end],
-            response_versions=self.response_versions[:end],
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            response_mask=self.response_mask,
+            response_logprobs=self.response_logprobs,
+            response_versions=self.response_versions,
             num_turns=self.num_turns,
             metrics=dict(metrics or {}),
             extra=dict(extra or {}),

@@ -176,6 +176,12 @@ class RolloutConfig(_Section):
         description="Fraction of episodes whose accumulated ids are compared with a full "
         "chat-template render (tokenization drift check).",
     )
+    keep_messages: bool = Field(
+        False,
+        description="Keep each episode's conversation as chat messages in "
+        "`output.extra['messages']` (for inspection). Off by default: the token ids already "
+        "hold the conversation.",
+    )
     template_cache: bool = Field(
         True,
         description="Render chat-template prompts and tool-response deltas from a per-shape "

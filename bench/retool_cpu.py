@@ -6,11 +6,13 @@ replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
 
     .venv/bin/python bench/retool_cpu.py [dotted overrides passed to the recipe]
 
-Writes ``bench/results/retool_cpu.json`` with the reward/accuracy/tool-call curves,
-``reward_first``/``reward_last`` (the training reward averaged over the first and the last
-``WINDOW`` steps: one step scores only 8 problems, too few for a single point to say much),
-``accuracy_first``/``accuracy_last`` (held-out accuracy before training and at the last
-validation) and ``minutes``.
+Writes ``bench/results/retool_cpu.json``. Held out (greedy, before training and at each
+validation): ``reward_first``/``reward_last``, ``accuracy_first``/``accuracy_last``,
+``tool_use_*`` (episodes that called the tool) and ``valid_call_rate_*`` (calls that ran),
+with their curves. Training: the per-step reward curve and ``train_reward_first``/
+``train_reward_last``, averaged over the first and the last ``WINDOW`` steps (one step
+scores only 8 problems at temperature 0.8, too few for a single point to say much).
+Also ``minutes``, for the whole job (data prep and cold start included).
 """
 
 from __future__ import annotations
@@ -39,44 +41,67 @@ def _window_mean(curve: list[tuple[int, float]], last: bool) -> float | None:
     return sum(value for _, value in points) / len(points) if points else None
 
 
+def _ratio_curve(records: list[dict], numerator: str, denominator: str) -> list:
+    return [
+        (r["step"], r[numerator] / r[denominator])
+        for r in records
+        if r.get(denominator) and numerator in r
+    ]
+
+
+def _ends(payload: dict, name: str, curve: list[tuple[int, float]]) -> None:
+    payload[f"{name}_curve"] = curve
+    payload[f"{name}_first"] = curve[0][1] if curve else None
+    payload[f"{name}_last"] = curve[-1][1] if curve else None
+
+
+def summarize(records: list[dict], minutes: float) -> dict:
+    """The benchmark's result from a run's ``metrics.jsonl`` records."""
+    payload: dict = {"benchmark": "retool_cpu", "minutes": minutes}
+    _ends(payload, "reward", _curve(records, "val/score/mean"))
+    _ends(payload, "accuracy", _curve(records, "val/acc/mean"))
+    _ends(payload, "tool_use", _curve(records, "val/tool_used/mean"))
+    _ends(
+        payload,
+        "valid_call_rate",
+        _ratio_curve(records, "val/rollout/tool_calls/ok", "val/rollout/tool_calls"),
+    )
+    train_reward = _curve(records, "reward/score/mean")
+    payload |= {
+        "train_reward_curve": train_reward,
+        "train_reward_window": WINDOW,
+        "train_reward_first": _window_mean(train_reward, last=False),
+        "train_reward_last": _window_mean(train_reward, last=True),
+        "train_accuracy_curve": _curve(records, "reward/acc/mean"),
+        "train_valid_call_rate_curve": _ratio_curve(
+            records, "rollout/tool_calls/ok", "rollout/tool_calls"
+        ),
+    }
+    return payload
+
+
 def main() -> None:
     start = time.perf_counter()
     command = [str(ROOT / "recipes" / "retool" / "run_cpu.sh"), f"trainer.run_dir={RUN_DIR}"]
     subprocess.run([*command, *sys.argv[1:]], cwd=ROOT, check=True)
     minutes = (time.perf_counter() - start) / 60
     records = [json.loads(x) for x in (RUN_DIR / "metrics.jsonl").read_text().splitlines()]
-    reward = _curve(records, "reward/score/mean")
-    accuracy = _curve(records, "val/acc/mean")
-    val_reward = _curve(records, "val/score/mean")
-    tool_calls = _curve(records, "rollout/tool_calls")
-    valid_calls = _curve(records, "rollout/tool_calls/ok")
-    payload = {
-        "benchmark": "retool_cpu",
-        "minutes": minutes,
-        "reward_curve": reward,
-        "val_accuracy_curve": accuracy,
-        "val_reward_curve": val_reward,
-        "tool_calls_curve": tool_calls,
-        "valid_tool_calls_curve": valid_calls,
-        "reward_window": WINDOW,
-        "reward_first": _window_mean(reward, last=False),
-        "reward_last": _window_mean(reward, last=True),
-        "accuracy_first": accuracy[0][1] if accuracy else None,
-        "accuracy_last": accuracy[-1][1] if accuracy else None,
-        "val_reward_first": val_reward[0][1] if val_reward else None,
-        "val_reward_last": val_reward[-1][1] if val_reward else None,
-    }
+    payload = summarize(records, minutes)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(payload, indent=2))
     table = Table(title=f"ReTool-mini on this CPU ({minutes:.1f} min)")
     for column in ("", "first", "last"):
         table.add_column(column, justify="right")
-    table.add_row(
-        f"train reward ({WINDOW}-step mean)",
-        str(payload["reward_first"]),
-        str(payload["reward_last"]),
-    )
-    table.add_row("held-out acc", str(payload["accuracy_first"]), str(payload["accuracy_last"]))
+    rows = [
+        ("held-out reward", "reward"),
+        ("held-out accuracy", "accuracy"),
+        ("held-out tool use", "tool_use"),
+        ("held-out valid calls", "valid_call_rate"),
+        (f"train reward ({WINDOW}-step mean)", "train_reward"),
+    ]
+    for label, key in rows:
+        first, last = payload[f"{key}_first"], payload[f"{key}_last"]
+        table.add_row(label, *(f"{v:.3f}" if v is not None else "-" for v in (first, last)))
     Console().print(table)
     Console().print(f"wrote {RESULTS}")
 

@@ -76,7 +76,13 @@ def _loop(tokenizer, turns: list[str], *, template: str | None = None, **overrid
         return [*tokenizer.encode(turns[turn], add_special_tokens=False), eos]
 
     config = RolloutConfig(
-        **{"drift_check_rate": 1.0, "tool_timeout_s": 0.5, "max_response_length": 2048} | overrides
+        **{
+            "drift_check_rate": 1.0,
+            "keep_messages": True,
+            "tool_timeout_s": 0.5,
+            "max_response_length": 2048,
+        }
+        | overrides
     )
     if template is not None:
         tokenizer = _with_template(tokenizer, template)
@@ -134,6 +140,19 @@ async def test_three_turn_conversation_is_token_exact(tokenizer):
     assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(out.response_ids)
     assert out.metrics["tool_calls/add/ok"] == 2
     assert out.metrics["tokenization_drift"] == 0
+
+
+async def test_messages_are_kept_only_when_asked(tokenizer):
+    turns = [_call("add", {"a": 2, "b": 3}), "The answer is 5."]
+    kept = await _loop(tokenizer, turns).run(SAMPLE, SAMPLING)
+    lean = await _loop(tokenizer, turns, keep_messages=False).run(SAMPLE, SAMPLING)
+    roles = [m["role"] for m in kept.extra["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert "messages" not in lean.extra
+    # The drift check still sees the conversation; the ids do not depend on the setting.
+    assert lean.metrics["drift_checked"] == 1 and lean.metrics["tokenization_drift"] == 0
+    assert lean.response_ids == kept.response_ids
+    assert lean.metrics["tool_calls/add/ok"] == 1
 
 
 @pytest.mark.parametrize(
