@@ -110,7 +110,9 @@ class ToolCallExecutor:
             tool.validate_arguments(call.arguments)
         except ToolArgumentError as exc:
             return CallResult(call.name, CallOutcome.INVALID_ARGUMENTS, f"Error: {exc}")
-        async with self._limit:
+        # The time limit starts once the tool admits the call (a sandbox slot, say): a
+        # call queued behind other episodes' calls has not started running yet.
+        async with self._limit, tool.admission():
             start = time.perf_counter()
             try:
                 async with asyncio.timeout(self._timeout_s):

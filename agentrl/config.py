@@ -153,7 +153,12 @@ class RolloutConfig(_Section):
     tool_response_truncate_side: Literal["left", "right", "middle"] = Field(
         "middle", description="Which part of an over-long tool response is cut."
     )
-    tool_timeout_s: float = Field(30.0, gt=0, description="Time limit of one tool call.")
+    tool_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Time limit of one tool call, counted from when the tool admits it "
+        "(a code-interpreter call first waits for a free sandbox slot).",
+    )
     tool_parser: str = Field("hermes", description="Tool-call parser (registered name).")
     tool_config_path: str | None = Field(
         None, description="YAML file listing the tools (class_name, config, tool_schema)."

@@ -8,6 +8,7 @@ Stateless tools only implement ``execute``.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -97,6 +98,14 @@ class BaseTool(ABC):
         errors = sorted(self._validator.iter_errors(parameters), key=lambda e: list(e.path))
         if errors:
             raise ToolArgumentError(self.name, [_describe(error) for error in errors])
+
+    def admission(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """What a call waits for before it starts, such as a slot in a pool the tool shares
+        with other episodes. The agent loop's per-call time limit starts once it is held,
+        so queueing behind other episodes' calls is not counted as this call being slow.
+        Default: nothing to wait for.
+        """
+        return contextlib.nullcontext()
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
         """Start per-trajectory state; returns the instance id (a new random id if none given)."""

@@ -7,13 +7,20 @@ reads stdout, then stderr, then a bracketed note if the run was cut short.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pydantic import Field
 
 from agentrl.tools.base import BaseTool, ToolResponse
 from agentrl.tools.isolation import Isolation
-from agentrl.tools.sandbox import Sandbox, SandboxLimits, SandboxResult, set_max_concurrency
+from agentrl.tools.sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    sandbox_slot,
+    set_max_concurrency,
+)
 from agentrl.tools.schema import OpenAIFunctionToolSchema
 
 __all__ = ["CodeInterpreterConfig", "CodeInterpreterTool", "render_result"]
@@ -77,6 +84,10 @@ class CodeInterpreterTool(BaseTool):
                 },
             }
         )
+
+    def admission(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A slot of the worker's sandbox pool (``max_concurrency``)."""
+        return sandbox_slot()
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any

@@ -24,6 +24,7 @@ import time
 import weakref
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from agentrl.tools.isolation import (
     wrap_command,
 )
 
-__all__ = ["Sandbox", "SandboxLimits", "SandboxResult", "set_max_concurrency"]
+__all__ = ["Sandbox", "SandboxLimits", "SandboxResult", "sandbox_slot", "set_max_concurrency"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,27 @@ def _semaphore() -> asyncio.Semaphore:
     if loop not in _semaphores:
         _semaphores[loop] = asyncio.Semaphore(_max_concurrency)
     return _semaphores[loop]
+
+
+_holding_slot: ContextVar[bool] = ContextVar("agentrl_sandbox_slot", default=False)
+
+
+@contextlib.asynccontextmanager
+async def sandbox_slot() -> AsyncIterator[None]:
+    """Hold one of this process's sandbox slots (see ``set_max_concurrency``).
+
+    Sandbox runs inside it use the held slot instead of taking another, so a caller can
+    wait for a slot first and start a run's time limit only once it has one.
+    """
+    if _holding_slot.get():
+        yield
+        return
+    async with _semaphore():
+        token = _holding_slot.set(True)
+        try:
+            yield
+        finally:
+            _holding_slot.reset(token)
 
 
 class SandboxLimits(BaseModel):
@@ -164,7 +186,7 @@ class Sandbox:
     async def run(self, code: str) -> SandboxResult:
         """Run ``code`` and return its captured output; never raises for what the code does."""
         info = await self.isolation()
-        async with _semaphore():
+        async with sandbox_slot():
             workdir = None
             if info.level is not Isolation.BWRAP:
                 workdir = tempfile.mkdtemp(prefix="agentrl-sandbox-")

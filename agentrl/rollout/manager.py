@@ -23,6 +23,12 @@ from agentrl.server.types import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+# Tools start subprocesses (the code sandbox) while other threads of the actor are inside
+# gRPC calls; gRPC's fork handlers then log a line per fork and do nothing useful, since
+# the child execs at once and never uses gRPC.
+_WORKER_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
+
+
 class AgentLoopManager:
     """Owns the worker actors; hands them episodes round-robin."""
 
@@ -35,6 +41,7 @@ class AgentLoopManager:
                 num_cpus=rollout.worker_num_cpus,
                 # Concurrency is bounded inside the worker; leave room for control calls.
                 max_concurrency=rollout.max_concurrent_loops + 16,
+                runtime_env={"env_vars": _WORKER_ENV},
             ).remote(config.model_dump())
             for _ in range(rollout.num_workers)
         ]

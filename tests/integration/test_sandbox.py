@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.agent_loops.tool_calls import CallOutcome, CallResult, ToolCallExecutor
+from agentrl.tools import FunctionCall
 from agentrl.tools.code_interpreter import CodeInterpreterTool
 from agentrl.tools.isolation import Isolation, IsolationInfo, detect_isolation
-from agentrl.tools.sandbox import Sandbox, SandboxLimits, set_max_concurrency
+from agentrl.tools.parsers import ParsedTurn
+from agentrl.tools.sandbox import Sandbox, SandboxLimits, sandbox_slot, set_max_concurrency
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -277,6 +280,43 @@ async def test_concurrency_is_capped_globally() -> None:
         set_max_concurrency(os.cpu_count() or 1)
     assert all(r.ok for r in results)
     assert elapsed >= 1.0  # two waves of two
+
+
+async def test_a_run_inside_a_held_slot_uses_that_slot() -> None:
+    box = _best_sandbox()
+    await box.isolation()
+    set_max_concurrency(1)
+    try:
+        async with sandbox_slot():  # the only slot: a second acquire would never return
+            result = await asyncio.wait_for(box.run("print(7)"), timeout=30)
+    finally:
+        set_max_concurrency(os.cpu_count() or 1)
+    assert result.ok and result.stdout == "7\n"
+
+
+async def test_code_interpreter_calls_queue_for_a_slot_outside_their_time_limit() -> None:
+    info = await _best_sandbox().isolation()
+    config = {"python": _working_python(info.level), "isolation": info.level.value}
+    tool = CodeInterpreterTool({**config, "sandbox_uid": TEST_UID, "max_concurrency": 1})
+    code = {"code": "import time\ntime.sleep(0.6)\nprint('ok')"}
+    turn = ParsedTurn(content="", calls=[FunctionCall(name=tool.name, arguments=code)])
+
+    async def episode() -> CallResult:
+        executor = ToolCallExecutor({tool.name: tool}, max_parallel=1, timeout_s=5.0)
+        (result,) = await executor.run_turn(turn)
+        return result
+
+    try:
+        start = time.monotonic()
+        results = await asyncio.gather(*(episode() for _ in range(4)))
+        elapsed = time.monotonic() - start
+    finally:
+        set_max_concurrency(os.cpu_count() or 1)
+    assert [r.outcome for r in results] == [CallOutcome.OK] * 4
+    assert [r.text for r in results] == ["ok"] * 4
+    assert elapsed >= 2.4  # one at a time
+    # Each call's own time is its run, not the wait for its turn in the queue.
+    assert max(r.seconds for r in results) < elapsed - 1.0
 
 
 async def test_code_interpreter_tool_reports_output_and_errors_to_the_model() -> None:
