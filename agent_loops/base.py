@@ -83,8 +83,16 @@ class AgentLoopBase(ABC):
         tokens as prefix (partial rollout) and the pieces are joined, so nothing sampled is
         thrown away; each resubmission is counted in ``metrics["partial_rollouts"]``.
         """
+        context = self.context
+        out = await context.client.generate(context.session_id, prompt_ids, sampling)
+        if out.finish_reason == "abort":
+            out = await self._resume_partial(prompt_ids, sampling, out)
+        return out
+
+    async def _resume_partial(
+        self, prompt_ids: list[int], sampling: SamplingParams, out: TokenOutput
+    ) -> TokenOutput:
         client, session = self.context.client, self.context.session_id
-        out = await client.generate(session, prompt_ids, sampling)
         for _ in range(MAX_PARTIAL_RESUBMITS):
             remaining = sampling.max_tokens - len(out.token_ids)
             if out.finish_reason != "abort" or remaining <= 0:

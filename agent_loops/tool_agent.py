@@ -7,7 +7,6 @@ responses → generate again, until the model stops calling tools or a limit is 
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 from typing import Any
@@ -66,6 +65,7 @@ class ToolAgentLoop(AgentLoopBase):
         budget = config.max_response_length
         gen_time = tool_time = 0.0
         assistant_turns = user_turns = 0
+        call_counts: dict[tuple[str, str], int] = {}
         try:
             while True:
                 start = time.perf_counter()
@@ -94,7 +94,7 @@ class ToolAgentLoop(AgentLoopBase):
                 start = time.perf_counter()
                 results = await executor.run_turn(parsed)
                 tool_time += time.perf_counter() - start
-                _count_calls(results, metrics)
+                _count_calls(results, call_counts)
                 limit, side = config.max_tool_response_length, config.tool_response_truncate_side
                 tool_messages = [
                     {"role": "tool", "content": truncate_response(r.text, limit, side)}
@@ -114,15 +114,21 @@ class ToolAgentLoop(AgentLoopBase):
             if user_turns:
                 metrics["user_turns"] = user_turns
                 metrics["tool_time_s"] = tool_time
+            if call_counts:
+                metrics.update(_call_metrics(call_counts))
 
 
-@functools.lru_cache(maxsize=4096)
-def _call_metric_keys(tool: str, outcome: str) -> tuple[str, str, str]:
-    return "tool_calls", f"tool_calls/{outcome}", f"tool_calls/{tool}/{outcome}"
-
-
-def _count_calls(results: list[CallResult], metrics: dict[str, float]) -> None:
-    """Count each call as ``tool_calls``, by outcome, and by tool and outcome."""
+def _count_calls(results: list[CallResult], counts: dict[tuple[str, str], int]) -> None:
     for result in results:
-        for key in _call_metric_keys(result.tool, result.outcome):
-            metrics[key] = metrics.get(key, 0) + 1
+        key = (result.tool, result.outcome)
+        counts[key] = counts.get(key, 0) + 1
+
+
+def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:
+    """``tool_calls``, ``tool_calls/<outcome>`` and ``tool_calls/<tool>/<outcome>``."""
+    metrics: dict[str, int] = {"tool_calls": sum(counts.values())}
+    for (tool, outcome), count in counts.items():
+        by_outcome = f"tool_calls/{outcome}"
+        metrics[by_outcome] = metrics.get(by_outcome, 0) + count
+        metrics[f"tool_calls/{tool}/{outcome}"] = count
+    return metrics
