@@ -18,6 +18,7 @@ Also ``minutes``, for the whole job (data prep and cold start included).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -81,6 +82,8 @@ def summarize(records: list[dict], minutes: float) -> dict:
 
 
 def main() -> None:
+    # The trainer appends to an existing run's metrics: start from an empty run directory.
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
     start = time.perf_counter()
     command = [str(ROOT / "recipes" / "retool" / "run_cpu.sh"), f"trainer.run_dir={RUN_DIR}"]
     subprocess.run([*command, *sys.argv[1:]], cwd=ROOT, check=True)
