@@ -13,7 +13,9 @@ For each training row ``Calculate <expression>.`` the demonstration is::
     assistant: The answer is \\boxed{<ground truth>}.
 
 tokenized exactly as the agent loop will see it (same chat template, tool prompt and
-template deltas), with the loss on the assistant tokens only. Writes a Hugging Face
+template deltas), with the loss on the assistant tokens only. With ``--direct-fraction``,
+that share of the demonstrations answers at once, without the tool, so the policy starts
+out using the tool only some of the time and RL can raise the rate. Writes a Hugging Face
 checkpoint that ``model.path`` can point to, and skips the work when ``--out`` already
 holds a warm start of the same demonstrations and settings.
 
@@ -63,22 +65,26 @@ def demo_messages(row: dict[str, Any]) -> tuple[list[dict[str, Any]], str] | Non
 
 
 async def _tokenize(
-    worker: AgentLoopWorker, row: dict[str, Any]
+    worker: AgentLoopWorker, row: dict[str, Any], direct: bool = False
 ) -> tuple[list[int], list[int]] | None:
-    """(ids, loss mask) of one demonstration, built the way the agent loop builds it."""
+    """(ids, loss mask) of one demonstration, built the way the agent loop builds it;
+    ``direct``: the answer without a tool call."""
     demo = demo_messages(row)
     if demo is None:
         return None
     messages, code = demo
     renderer, eos = worker.renderer, worker.tokenizer.eos_token_id
+    answer = row["reward_model"]["ground_truth"]
+    final = [*renderer.encode_text(f"The answer is \\boxed{{{answer}}}."), eos]
+    ids = await renderer.encode_prompt(row["prompt"])
+    if direct:
+        return ids + final, [0] * len(ids) + [1] * len(final)
     tool = worker.tools["code_interpreter"]
     instance = await tool.create()
     try:
         response, _, _ = await tool.execute(instance, {"code": code})
     finally:
         await tool.release(instance)
-    answer = row["reward_model"]["ground_truth"]
-    ids = await renderer.encode_prompt(row["prompt"])
     mask = [0] * len(ids)
     call_ids = [*renderer.encode_text(messages[-1]["content"]), eos]
     ids += call_ids
@@ -86,7 +92,6 @@ async def _tokenize(
     delta = await renderer.encode_delta([{"role": "tool", "content": response.text}], True)
     ids += delta
     mask += [0] * len(delta)
-    final = [*renderer.encode_text(f"The answer is \\boxed{{{answer}}}."), eos]
     ids += final
     mask += [1] * len(final)
     return ids, mask
@@ -130,6 +135,12 @@ def main() -> None:
     parser.add_argument("--data", default=".cache/retool/train.jsonl")
     parser.add_argument("--out", default=".cache/retool/warm-start")
     parser.add_argument("--examples", type=int, default=16, help="demonstrations to train on")
+    parser.add_argument(
+        "--direct-fraction",
+        type=float,
+        default=0.0,
+        help="share of the demonstrations that answer without calling the tool",
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -150,10 +161,11 @@ def main() -> None:
 
     async def build() -> list[tuple[list[int], list[int]]]:
         examples = []
+        direct = round(args.examples * args.direct_fraction)
         for row in rows:
             if len(examples) == args.examples:
                 break
-            example = await _tokenize(worker, row)
+            example = await _tokenize(worker, row, direct=len(examples) < direct)
             if example is not None:
                 examples.append(example)
         return examples

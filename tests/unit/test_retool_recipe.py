@@ -68,3 +68,17 @@ def test_warm_start_demonstration_trains_only_the_assistant_turns(tiny_checkpoin
         )
         is None
     )
+
+
+def test_direct_warm_start_demonstration_answers_without_the_tool(tiny_checkpoint):
+    warm_start = _warm_start_module()
+    cfg = load_config(
+        RECIPE / "cpu.yaml", [f"model.path={tiny_checkpoint}", "rollout.num_workers=1"]
+    )
+    worker = AgentLoopWorker(cfg, client=object())
+    ids, mask = asyncio.run(warm_start._tokenize(worker, ROW, direct=True))
+    prompt = asyncio.run(worker.renderer.encode_prompt(ROW["prompt"]))
+    answer = worker.tokenizer.decode(ids[len(prompt) :])
+    assert ids[: len(prompt)] == prompt
+    assert answer == "The answer is \\boxed{27}." + worker.tokenizer.eos_token
+    assert mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
