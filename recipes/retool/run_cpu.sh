@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Prepare the ReTool-mini data (reasoning-gym arithmetic, generated locally), run the
-# cold start (a 3-step SFT on 24 demonstrations, half of them with a tool call) and train
-# with RL on this CPU.
+# cold start (a 3-step SFT on 24 tool-call demonstrations) and train with RL on this CPU.
 #   recipes/retool/run_cpu.sh [dotted overrides...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,5 +15,5 @@ fi
 # Skips itself when .cache/retool/warm-start is current.
 .venv/bin/python recipes/retool/warm_start.py --config recipes/retool/cpu.yaml \
     --model builtin:smollm2-135m-instruct --data .cache/retool/train.jsonl \
-    --examples 24 --direct-fraction 0.5 --out .cache/retool/warm-start
+    --examples 24 --out .cache/retool/warm-start
 exec .venv/bin/agentrl train recipes/retool/cpu.yaml "$@"
