@@ -44,18 +44,16 @@ class AgentLoopOutput:
     def validate(self, check_tokens: bool = True) -> None:
         """Raise ``TrajectoryError`` unless all per-token lists are consistent."""
         n = len(self.response_ids)
-        if not (
-            len(self.response_mask)
-            == len(self.response_logprobs)
-            == len(self.response_versions)
-            == n
-        ):
-            lengths = {
-                "response_mask": len(self.response_mask),
-                "response_logprobs": len(self.response_logprobs),
-                "response_versions": len(self.response_versions),
+        lengths = (
+            len(self.response_mask),
+            len(self.response_logprobs),
+            len(self.response_versions),
+        )
+        if lengths != (n, n, n):
+            names = ("response_mask", "response_logprobs", "response_versions")
+            wrong = {
+                name: length for name, length in zip(names, lengths, strict=True) if length != n
             }
-            wrong = {k: v for k, v in lengths.items() if v != n}
             raise TrajectoryError(f"response_ids has {n} tokens but {wrong}")
         if not self.prompt_ids:
             raise TrajectoryError("prompt_ids is empty")
