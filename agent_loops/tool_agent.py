@@ -7,6 +7,7 @@ responses → generate again, until the model stops calling tools or a limit is 
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from agentrl.agent_loops.base import AgentLoopBase
 from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.agent_loops.tool_calls import CallResult, ToolCallExecutor, truncate_response
+from agentrl.agent_loops.tool_calls import ToolCallExecutor, truncate_response
 from agentrl.agent_loops.trajectory import TrajectoryBuilder
 from agentrl.server.types import SamplingParams
 
@@ -61,48 +62,54 @@ class ToolAgentLoop(AgentLoopBase):
         kept) gets every new message; ``metrics`` the turn, time and tool-call counts."""
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
-        decode, eos = self.tokenizer.decode, renderer.eos_token_id
-        budget = config.max_response_length
+        decode, eos, perf_counter = self.tokenizer.decode, renderer.eos_token_id, time.perf_counter
+        budget, max_tokens = config.max_response_length, sampling.max_tokens
+        limit, side = config.max_tool_response_length, config.tool_response_truncate_side
+        response = trajectory.response_ids  # grows in place as turns are added
         gen_time = tool_time = 0.0
         assistant_turns = user_turns = 0
         call_counts: dict[tuple[str, str], int] = {}
         try:
             while True:
-                start = time.perf_counter()
-                room = budget - trajectory.response_length
-                out = await self.generate(trajectory.ids, self.turn_sampling(sampling, room))
-                gen_time += time.perf_counter() - start
+                start = perf_counter()
+                room = budget - len(response)
+                turn = sampling if max_tokens <= room else self.turn_sampling(sampling, room)
+                out = await self.generate(trajectory.ids, turn)
+                gen_time += perf_counter() - start
                 trajectory.add_model_turn(out)
                 assistant_turns += 1
-                ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == eos
-                text = decode(out.token_ids[:-1] if ended_with_eos else out.token_ids)
+                token_ids = out.token_ids
+                ended_with_eos = bool(token_ids) and token_ids[-1] == eos
+                text = decode(token_ids[:-1] if ended_with_eos else token_ids)
                 if messages is not None:
                     messages.append({"role": "assistant", "content": text})
 
                 if out.finish_reason == "abort":
                     return "aborted"
-                if trajectory.response_length >= budget:
+                if len(response) >= budget:
                     return "response_budget"
                 parsed = parser.parse(text)
-                if parsed.attempted_calls == 0:
+                if not (parsed.calls or parsed.errors):
                     return "no_tool_call"
                 if assistant_turns >= config.max_assistant_turns:
                     return "max_assistant_turns"
                 if user_turns >= config.max_user_turns:
                     return "max_user_turns"
 
-                start = time.perf_counter()
+                start = perf_counter()
                 results = await executor.run_turn(parsed)
-                tool_time += time.perf_counter() - start
-                _count_calls(results, call_counts)
-                limit, side = config.max_tool_response_length, config.tool_response_truncate_side
-                tool_messages = [
-                    {"role": "tool", "content": truncate_response(r.text, limit, side)}
-                    for r in results
-                ]
+                tool_time += perf_counter() - start
+                tool_messages = []
+                for result in results:
+                    key = (result.tool, result.outcome)
+                    call_counts[key] = call_counts.get(key, 0) + 1
+                    text = result.text
+                    if len(text) > limit:
+                        text = truncate_response(text, limit, side)
+                    tool_messages.append({"role": "tool", "content": text})
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
-                room = budget - trajectory.response_length
-                trajectory.add_env_tokens(delta[:room])
+                room = budget - len(response)
+                trajectory.add_env_tokens(delta if len(delta) <= room else delta[:room])
                 if messages is not None:
                     messages.extend(tool_messages)
                 user_turns += 1
@@ -118,17 +125,17 @@ class ToolAgentLoop(AgentLoopBase):
                 metrics.update(_call_metrics(call_counts))
 
 
-def _count_calls(results: list[CallResult], counts: dict[tuple[str, str], int]) -> None:
-    for result in results:
-        key = (result.tool, result.outcome)
-        counts[key] = counts.get(key, 0) + 1
-
-
 def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:
     """``tool_calls``, ``tool_calls/<outcome>`` and ``tool_calls/<tool>/<outcome>``."""
     metrics: dict[str, int] = {"tool_calls": sum(counts.values())}
     for (tool, outcome), count in counts.items():
-        by_outcome = f"tool_calls/{outcome}"
+        by_outcome, by_tool = _metric_names(tool, outcome)
         metrics[by_outcome] = metrics.get(by_outcome, 0) + count
-        metrics[f"tool_calls/{tool}/{outcome}"] = count
+        metrics[by_tool] = count
     return metrics
+
+
+@functools.lru_cache(maxsize=4096)
+def _metric_names(tool: str, outcome: str) -> tuple[str, str]:
+    # Tool names come from the model (unknown tools included): the cache is bounded.
+    return f"tool_calls/{outcome}", f"tool_calls/{tool}/{outcome}"

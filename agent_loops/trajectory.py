@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput, TrajectoryError
@@ -13,19 +14,21 @@ class TrajectoryBuilder:
 
     The conversation so far (``prompt_ids + response_ids``) is what the next turn sends to
     the engine: nothing is ever decoded and re-encoded.
+
+    Only the token ids grow turn by turn; each model turn is kept as a segment (where it
+    starts and the engine's output), and the per-token mask, logprob and version lists are
+    laid out and checked once, by ``build`` (or when read before that).
     """
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.prompt_ids = list(prompt_ids)
         self.response_ids: list[int] = []
-        self.response_mask: list[int] = []
-        self.response_logprobs: list[float] = []
-        self.response_versions: list[int] = []
         self.num_turns = 0
+        self._model_turns: list[tuple[int, TokenOutput]] = []
 
     @property
     def ids(self) -> list[int]:
-        """Prompt plus everything appended so far."""
+        """Prompt plus everything appended so far (a new list)."""
         return self.prompt_ids + self.response_ids
 
     @property
@@ -33,29 +36,63 @@ class TrajectoryBuilder:
         return len(self.response_ids)
 
     def add_model_turn(self, out: TokenOutput) -> None:
-        """Append the engine's tokens with their logprobs and versions (mask 1)."""
-        n = len(out.token_ids)
-        if len(out.logprobs) != n or len(out.token_versions) != n:
-            raise TrajectoryError(
-                f"engine turn has {n} tokens, {len(out.logprobs)} logprobs and "
-                f"{len(out.token_versions)} versions"
-            )
-        if n and min(out.token_versions) < 0:
-            raise TrajectoryError(f"engine turn has a token without a policy version: {out}")
+        """Append the engine's tokens with their logprobs and versions (mask 1).
+
+        The turn's logprobs and versions are checked when the per-token lists are laid
+        out (``build``): a turn whose lengths disagree or with a token without a policy
+        version raises ``TrajectoryError`` there.
+        """
+        self._model_turns.append((len(self.response_ids), out))
         self.response_ids += out.token_ids
-        self.response_mask += [1] * n
-        self.response_logprobs += out.logprobs
-        self.response_versions += out.token_versions
         self.num_turns += 1
 
     def add_env_tokens(self, token_ids: list[int], *, new_turn: bool = True) -> None:
         """Append tool/user tokens (mask 0, logprob 0.0)."""
         self.response_ids += token_ids
-        self.response_mask += [0] * len(token_ids)
-        self.response_logprobs += [0.0] * len(token_ids)
-        self.response_versions += [ENV_TOKEN_VERSION] * len(token_ids)
         if new_turn:
             self.num_turns += 1
+
+    @property
+    def response_mask(self) -> list[int]:
+        """1 on model tokens, 0 on tool/user tokens."""
+        return self._per_token()[0]
+
+    @property
+    def response_logprobs(self) -> list[float]:
+        """The engine's logprob on model tokens, 0.0 elsewhere."""
+        return self._per_token()[1]
+
+    @property
+    def response_versions(self) -> list[int]:
+        """The sampling policy's version on model tokens, ``ENV_TOKEN_VERSION`` elsewhere."""
+        return self._per_token()[2]
+
+    def _per_token(self) -> tuple[list[int], list[float], list[int]]:
+        n = len(self.response_ids)
+        mask, logprobs, versions = [0] * n, [0.0] * n, [ENV_TOKEN_VERSION] * n
+        for start, out in self._model_turns:
+            end = start + len(out.token_ids)
+            mask[start:end] = [1] * (end - start)
+            # A turn whose logprobs or versions are too short or long changes the length
+            # of the whole list: one check at the end finds it.
+            logprobs[start:end] = out.logprobs
+            versions[start:end] = out.token_versions
+        if len(logprobs) != n or len(versions) != n:
+            self._raise_bad_turn()
+        if min(compress(versions, mask), default=0) < 0:
+            self._raise_bad_turn()
+        return mask, logprobs, versions
+
+    def _raise_bad_turn(self) -> None:
+        for _, out in self._model_turns:
+            n = len(out.token_ids)
+            if len(out.logprobs) != n or len(out.token_versions) != n:
+                raise TrajectoryError(
+                    f"engine turn has {n} tokens, {len(out.logprobs)} logprobs and "
+                    f"{len(out.token_versions)} versions"
+                )
+            if out.token_versions and min(out.token_versions) < 0:
+                raise TrajectoryError(f"engine turn has a token without a policy version: {out}")
 
     def build(
         self,
@@ -66,22 +103,22 @@ class TrajectoryBuilder:
     ) -> AgentLoopOutput:
         """The sample, cut to ``max_response_length`` tokens if given.
 
-        The output takes over the builder's lists: build once, when the episode is done.
+        The output takes over the builder's id lists and the ``metrics`` and ``extra``
+        dicts given: build once, when the episode is done.
         """
+        mask, logprobs, versions = self._per_token()
         if max_response_length is not None and len(self.response_ids) > max_response_length:
-            del self.response_ids[max_response_length:]
-            del self.response_mask[max_response_length:]
-            del self.response_logprobs[max_response_length:]
-            del self.response_versions[max_response_length:]
+            for values in (self.response_ids, mask, logprobs, versions):
+                del values[max_response_length:]
         return AgentLoopOutput(
             prompt_ids=self.prompt_ids,
             response_ids=self.response_ids,
-            response_mask=self.response_mask,
-            response_logprobs=self.response_logprobs,
-            response_versions=self.response_versions,
+            response_mask=mask,
+            response_logprobs=logprobs,
+            response_versions=versions,
             num_turns=self.num_turns,
-            metrics=dict(metrics or {}),
-            extra=dict(extra or {}),
+            metrics={} if metrics is None else metrics,
+            extra={} if extra is None else extra,
             # Every append above keeps the per-token rules; only lengths are re-checked.
             check_tokens=False,
         )

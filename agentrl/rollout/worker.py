@@ -18,6 +18,7 @@ from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.config import AgentRLConfig
+from agentrl.rollout.deadlines import EpisodeDeadlines
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
@@ -60,6 +61,7 @@ class AgentLoopWorker:
         )
         self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
         self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)
+        self._deadlines = EpisodeDeadlines(rollout.loop_timeout_s)
 
     def _connect(self) -> GenerateClient:
         from agentrl.server.client import ServerClient
@@ -96,8 +98,7 @@ class AgentLoopWorker:
             try:
                 context = self._context(request.episode_id)
                 loop = get_agent_loop(agent_name)(context)
-                async with asyncio.timeout(self.config.rollout.loop_timeout_s):
-                    outputs = await loop.run(request.row, request.sampling)
+                outputs = await self._deadlines.run(loop.run(request.row, request.sampling))
                 result.outputs = outputs if isinstance(outputs, list) else [outputs]
                 for output in result.outputs:
                     output.metrics.update(context.metrics)
