@@ -16,15 +16,16 @@ class TrajectoryBuilder:
     the engine: nothing is ever decoded and re-encoded.
 
     Only the token ids grow turn by turn; each model turn is kept as a segment (where it
-    starts and the engine's output), and the per-token mask, logprob and version lists are
-    laid out and checked once, by ``build`` (or when read before that).
+    starts and ends, the engine's logprobs and versions), and the per-token mask, logprob
+    and version lists are laid out and checked once, by ``build`` (or when read before).
     """
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.prompt_ids = list(prompt_ids)
         self.response_ids: list[int] = []
         self.num_turns = 0
-        self._model_turns: list[tuple[int, TokenOutput]] = []
+        # (start, end, logprobs, versions) of each model turn in the response.
+        self._model_turns: list[tuple[int, int, list[float], list[int]]] = []
 
     @property
     def ids(self) -> list[int]:
@@ -42,8 +43,11 @@ class TrajectoryBuilder:
         out (``build``): a turn whose lengths disagree or with a token without a policy
         version raises ``TrajectoryError`` there.
         """
-        self._model_turns.append((len(self.response_ids), out))
-        self.response_ids += out.token_ids
+        response_ids = self.response_ids
+        start = len(response_ids)
+        response_ids += out.token_ids
+        # Only what build needs: the engine's output object and token list may go.
+        self._model_turns.append((start, len(response_ids), out.logprobs, out.token_versions))
         self.num_turns += 1
 
     def add_env_tokens(self, token_ids: list[int], *, new_turn: bool = True) -> None:
@@ -70,13 +74,12 @@ class TrajectoryBuilder:
     def _per_token(self) -> tuple[list[int], list[float], list[int]]:
         n = len(self.response_ids)
         mask, logprobs, versions = [0] * n, [0.0] * n, [ENV_TOKEN_VERSION] * n
-        for start, out in self._model_turns:
-            end = start + len(out.token_ids)
+        for start, end, turn_logprobs, turn_versions in self._model_turns:
             mask[start:end] = [1] * (end - start)
             # A turn whose logprobs or versions are too short or long changes the length
             # of the whole list: one check at the end finds it.
-            logprobs[start:end] = out.logprobs
-            versions[start:end] = out.token_versions
+            logprobs[start:end] = turn_logprobs
+            versions[start:end] = turn_versions
         if len(logprobs) != n or len(versions) != n:
             self._raise_bad_turn()
         if min(compress(versions, mask), default=0) < 0:
@@ -84,15 +87,17 @@ class TrajectoryBuilder:
         return mask, logprobs, versions
 
     def _raise_bad_turn(self) -> None:
-        for _, out in self._model_turns:
-            n = len(out.token_ids)
-            if len(out.logprobs) != n or len(out.token_versions) != n:
+        for start, end, turn_logprobs, turn_versions in self._model_turns:
+            if len(turn_logprobs) != end - start or len(turn_versions) != end - start:
                 raise TrajectoryError(
-                    f"engine turn has {n} tokens, {len(out.logprobs)} logprobs and "
-                    f"{len(out.token_versions)} versions"
+                    f"engine turn at response token {start} has {end - start} tokens, "
+                    f"{len(turn_logprobs)} logprobs and {len(turn_versions)} versions"
                 )
-            if out.token_versions and min(out.token_versions) < 0:
-                raise TrajectoryError(f"engine turn has a token without a policy version: {out}")
+            if turn_versions and min(turn_versions) < 0:
+                raise TrajectoryError(
+                    f"engine turn at response token {start} has a token without a policy "
+                    f"version: {turn_versions}"
+                )
 
     def build(
         self,

@@ -9,9 +9,10 @@ replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
 Writes ``bench/results/retool_cpu.json``. Held out (greedy, before training and at each
 validation): ``reward_first``/``reward_last``, ``accuracy_first``/``accuracy_last``,
 ``tool_use_*`` (episodes that called the tool) and ``valid_call_rate_*`` (calls that ran),
-with their curves. Training: the per-step reward curve and ``train_reward_first``/
-``train_reward_last``, averaged over the first and the last ``WINDOW`` steps (one step
-scores only 8 problems at temperature 0.8, too few for a single point to say much).
+with their curves. Training: the per-step reward and tool-use curves, with
+``train_reward_first``/``train_reward_last`` (``train_tool_use_*`` alike) averaged over
+the first and the last ``WINDOW`` steps (one step scores only 8 problems at temperature
+0.8, too few for a single point to say much).
 Also ``minutes``, for the whole job (data prep and cold start included).
 """
 
@@ -68,12 +69,16 @@ def summarize(records: list[dict], minutes: float) -> dict:
         _ratio_curve(records, "val/rollout/tool_calls/ok", "val/rollout/tool_calls"),
     )
     train_reward = _curve(records, "reward/score/mean")
+    train_tool_use = _curve(records, "reward/tool_used/mean")
     payload |= {
         "train_reward_curve": train_reward,
         "train_reward_window": WINDOW,
         "train_reward_first": _window_mean(train_reward, last=False),
         "train_reward_last": _window_mean(train_reward, last=True),
         "train_accuracy_curve": _curve(records, "reward/acc/mean"),
+        "train_tool_use_curve": train_tool_use,
+        "train_tool_use_first": _window_mean(train_tool_use, last=False),
+        "train_tool_use_last": _window_mean(train_tool_use, last=True),
         "train_valid_call_rate_curve": _ratio_curve(
             records, "rollout/tool_calls/ok", "rollout/tool_calls"
         ),
@@ -101,6 +106,7 @@ def main() -> None:
         ("held-out tool use", "tool_use"),
         ("held-out valid calls", "valid_call_rate"),
         (f"train reward ({WINDOW}-step mean)", "train_reward"),
+        (f"train tool use ({WINDOW}-step mean)", "train_tool_use"),
     ]
     for label, key in rows:
         first, last = payload[f"{key}_first"], payload[f"{key}_last"]

@@ -16,11 +16,15 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class EpisodeTimeout(TimeoutError):
+    """An episode ran past the worker's time limit (and was cancelled)."""
+
+
 class EpisodeDeadlines:
     """Runs awaitables under one shared time limit (``timeout_s``), like ``asyncio.timeout``.
 
-    An episode past its deadline is cancelled and ``run`` raises ``TimeoutError``; a
-    cancellation from elsewhere still propagates as ``CancelledError``.
+    An episode past its deadline is cancelled and ``run`` raises ``EpisodeTimeout`` (a
+    ``TimeoutError``); a cancellation from elsewhere still propagates as ``CancelledError``.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -32,13 +36,13 @@ class EpisodeDeadlines:
         self._watchdog: asyncio.Task | None = None
 
     async def run(self, episode: Awaitable[T]) -> T:
-        """Await ``episode`` in the current task; ``TimeoutError`` if it runs out of time."""
+        """Await ``episode`` in the current task; ``EpisodeTimeout`` if it runs out of time."""
         key = self._start()
         try:
             result = await episode
         except asyncio.CancelledError:
             if self._finish(key) and asyncio.current_task().uncancel() == 0:
-                raise TimeoutError(f"ran past {self.timeout_s:g} s") from None
+                raise EpisodeTimeout(f"ran past {self.timeout_s:g} s") from None
             raise
         except BaseException:
             self._finish(key)
@@ -46,7 +50,7 @@ class EpisodeDeadlines:
         if self._finish(key):
             # Out of time, but the episode swallowed the cancellation and returned.
             asyncio.current_task().uncancel()
-            raise TimeoutError(f"ran past {self.timeout_s:g} s")
+            raise EpisodeTimeout(f"ran past {self.timeout_s:g} s")
         return result
 
     @property

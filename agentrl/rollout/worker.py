@@ -18,7 +18,7 @@ from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.config import AgentRLConfig
-from agentrl.rollout.deadlines import EpisodeDeadlines
+from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
@@ -102,7 +102,7 @@ class AgentLoopWorker:
                 result.outputs = outputs if isinstance(outputs, list) else [outputs]
                 for output in result.outputs:
                     output.metrics.update(context.metrics)
-            except TimeoutError:
+            except EpisodeTimeout:
                 result.error = f"episode timed out after {self.config.rollout.loop_timeout_s:g} s"
             except Exception as exc:
                 logger.exception("episode %s (%s) failed", request.episode_id, agent_name)

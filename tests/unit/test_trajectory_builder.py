@@ -66,7 +66,7 @@ def test_build_cuts_every_list_to_the_response_budget():
 @pytest.mark.parametrize(
     ("logprobs", "versions", "message"),
     [
-        ([-0.1], [1, 1], "2 tokens, 1 logprobs and 2 versions"),
+        ([-0.1], [1, 1], "token 2 has 2 tokens, 1 logprobs and 2 versions"),
         ([-0.1, -0.2, -0.3], [1, 1], "2 tokens, 3 logprobs and 2 versions"),
         ([-0.1, -0.2], [1], "2 tokens, 2 logprobs and 1 versions"),
         ([-0.1, -0.2], [1, -1], "without a policy version"),
