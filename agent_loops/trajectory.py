@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import compress
 from typing import Any
 
 from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput, TrajectoryError
@@ -18,10 +17,12 @@ class TrajectoryBuilder:
     Only the token ids grow turn by turn; each model turn is kept as a segment (where it
     starts and ends, the engine's logprobs and versions), and the per-token mask, logprob
     and version lists are laid out and checked once, by ``build`` (or when read before).
+    The builder keeps ``prompt_ids`` as given, without a copy, and never changes it.
     """
 
     def __init__(self, prompt_ids: list[int]) -> None:
-        self.prompt_ids = list(prompt_ids)
+        # Not copied (the renderer hands out a new list per call); never mutated here.
+        self.prompt_ids = prompt_ids
         self.response_ids: list[int] = []
         self.num_turns = 0
         # (start, end, logprobs, versions) of each model turn in the response.
@@ -80,9 +81,9 @@ class TrajectoryBuilder:
             # of the whole list: one check at the end finds it.
             logprobs[start:end] = turn_logprobs
             versions[start:end] = turn_versions
+            if turn_versions and min(turn_versions) < 0:
+                self._raise_bad_turn()
         if len(logprobs) != n or len(versions) != n:
-            self._raise_bad_turn()
-        if min(compress(versions, mask), default=0) < 0:
             self._raise_bad_turn()
         return mask, logprobs, versions
 
