@@ -103,10 +103,10 @@ class ToolAgentLoop(AgentLoopBase):
                 for result in results:
                     key = (result.tool, result.outcome)
                     call_counts[key] = call_counts.get(key, 0) + 1
-                    text = result.text
-                    if len(text) > limit:
-                        text = truncate_response(text, limit, side)
-                    tool_messages.append({"role": "tool", "content": text})
+                    content = result.text
+                    if len(content) > limit:
+                        content = truncate_response(content, limit, side)
+                    tool_messages.append({"role": "tool", "content": content})
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - len(response)
                 trajectory.add_env_tokens(delta if len(delta) <= room else delta[:room])
