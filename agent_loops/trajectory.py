@@ -125,6 +125,6 @@ class TrajectoryBuilder:
             num_turns=self.num_turns,
             metrics={} if metrics is None else metrics,
             extra={} if extra is None else extra,
-            # _per_token checked the per-token rules; only lengths are re-checked.
+            # Every append above keeps the per-token rules; only lengths are re-checked.
             check_tokens=False,
         )
