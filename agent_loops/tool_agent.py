@@ -7,7 +7,6 @@ responses → generate again, until the model stops calling tools or a limit is 
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 from typing import Any
@@ -63,7 +62,7 @@ class ToolAgentLoop(AgentLoopBase):
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
         decode, eos, perf_counter = self.tokenizer.decode, renderer.eos_token_id, time.perf_counter
-        budget, max_tokens = config.max_response_length, sampling.max_tokens
+        budget = config.max_response_length
         limit, side = config.max_tool_response_length, config.tool_response_truncate_side
         response = trajectory.response_ids  # grows in place as turns are added
         gen_time = tool_time = 0.0
@@ -73,8 +72,7 @@ class ToolAgentLoop(AgentLoopBase):
             while True:
                 start = perf_counter()
                 room = budget - len(response)
-                turn = sampling if max_tokens <= room else self.turn_sampling(sampling, room)
-                out = await self.generate(trajectory.ids, turn)
+                out = await self.generate(trajectory.ids, self.turn_sampling(sampling, room))
                 gen_time += perf_counter() - start
                 trajectory.add_model_turn(out)
                 assistant_turns += 1
@@ -89,7 +87,7 @@ class ToolAgentLoop(AgentLoopBase):
                 if len(response) >= budget:
                     return "response_budget"
                 parsed = parser.parse(text)
-                if not (parsed.calls or parsed.errors):
+                if parsed.attempted_calls == 0:
                     return "no_tool_call"
                 if assistant_turns >= config.max_assistant_turns:
                     return "max_assistant_turns"
@@ -103,9 +101,7 @@ class ToolAgentLoop(AgentLoopBase):
                 for result in results:
                     key = (result.tool, result.outcome)
                     call_counts[key] = call_counts.get(key, 0) + 1
-                    content = result.text
-                    if len(content) > limit:
-                        content = truncate_response(content, limit, side)
+                    content = truncate_response(result.text, limit, side)
                     tool_messages.append({"role": "tool", "content": content})
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - len(response)
@@ -129,13 +125,7 @@ def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:
     """``tool_calls``, ``tool_calls/<outcome>`` and ``tool_calls/<tool>/<outcome>``."""
     metrics: dict[str, int] = {"tool_calls": sum(counts.values())}
     for (tool, outcome), count in counts.items():
-        by_outcome, by_tool = _metric_names(tool, outcome)
+        by_outcome = f"tool_calls/{outcome}"
         metrics[by_outcome] = metrics.get(by_outcome, 0) + count
-        metrics[by_tool] = count
+        metrics[f"tool_calls/{tool}/{outcome}"] = count
     return metrics
-
-
-@functools.lru_cache(maxsize=4096)
-def _metric_names(tool: str, outcome: str) -> tuple[str, str]:
-    # Tool names come from the model (unknown tools included): the cache is bounded.
-    return f"tool_calls/{outcome}", f"tool_calls/{tool}/{outcome}"

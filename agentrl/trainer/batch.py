@@ -43,9 +43,11 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
         attention[i, prompt_len - p : prompt_len + r] = 1
         if r:
             input_ids[i, prompt_len : prompt_len + r] = torch.tensor(out.response_ids)
-            response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.float32)
-            rollout_log_probs[i, :r] = torch.tensor(out.response_logprobs)
-            versions[i, :r] = torch.tensor(out.response_versions)
+        # Straight from the model spans: no per-token Python lists.
+        for start, end, logprobs, span_versions in out.model_spans:
+            response_mask[i, start:end] = 1.0
+            rollout_log_probs[i, start:end] = torch.tensor(logprobs, dtype=torch.float32)
+            versions[i, start:end] = torch.tensor(span_versions, dtype=torch.long)
     batch: Batch = {
         "input_ids": input_ids,
         "attention_mask": attention,

@@ -1,4 +1,4 @@
-"""TrajectoryBuilder: token ids turn by turn, per-token mask/logprobs/versions laid out once."""
+"""TrajectoryBuilder: token ids turn by turn, each model turn kept as a span."""
 
 from __future__ import annotations
 
@@ -35,13 +35,15 @@ def test_model_and_environment_turns_line_up_token_by_token():
     out.validate()  # the full per-token rules hold
 
 
-def test_per_token_lists_can_be_read_before_build():
+def test_the_output_keeps_each_model_turn_as_a_span_of_the_engines_own_lists():
     builder = TrajectoryBuilder([1])
     builder.add_env_tokens([7])
-    builder.add_model_turn(_turn([8, 9]))
-    assert builder.response_mask == [0, 1, 1]
-    assert builder.response_versions == [ENV_TOKEN_VERSION, 3, 3]
-    assert builder.response_logprobs == [0.0, -0.5, -1.5]
+    first = _turn([8, 9])
+    builder.add_model_turn(first)
+    out = builder.build()
+    assert out.model_spans == [(1, 3, [-0.5, -1.5], [3, 3])]
+    assert out.model_spans[0][2] is first.logprobs  # not copied per token
+    assert out.num_model_tokens == 2 and out.min_version == 3
 
 
 def test_ids_is_a_new_list_each_time():
@@ -66,15 +68,13 @@ def test_build_cuts_every_list_to_the_response_budget():
 @pytest.mark.parametrize(
     ("logprobs", "versions", "message"),
     [
-        ([-0.1], [1, 1], "token 2 has 2 tokens, 1 logprobs and 2 versions"),
+        ([-0.1], [1, 1], "span at response token 2 has 2 tokens, 1 logprobs and 2 versions"),
         ([-0.1, -0.2, -0.3], [1, 1], "2 tokens, 3 logprobs and 2 versions"),
         ([-0.1, -0.2], [1], "2 tokens, 2 logprobs and 1 versions"),
         ([-0.1, -0.2], [1, -1], "without a policy version"),
     ],
 )
-def test_an_inconsistent_engine_turn_is_named_when_the_lists_are_laid_out(
-    logprobs, versions, message
-):
+def test_an_inconsistent_engine_turn_is_named_when_the_sample_is_built(logprobs, versions, message):
     builder = TrajectoryBuilder([1])
     builder.add_model_turn(_turn([10]))
     builder.add_env_tokens([20])
