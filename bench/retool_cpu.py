@@ -7,14 +7,14 @@ replicas, 2 FSDP2 ranks, η = 1) and reads its ``metrics.jsonl``.
     .venv/bin/python bench/retool_cpu.py [--direct-fraction F --tag NAME] [dotted overrides]
 
 ``--direct-fraction`` sets the share of cold-start demonstrations that answer without the
-tool (``RETOOL_DIRECT_FRACTION`` of ``run_cpu.sh``; the recipe's default is 0).
+tool (``RETOOL_DIRECT_FRACTION`` of ``run_cpu.sh``; the recipe's default is 0.5).
 
 Writes ``bench/results/retool_cpu.json`` (``retool_cpu_<tag>.json`` with ``--tag``).
 Held out (greedy, before training and at each validation): ``reward_first``/
 ``reward_last``, ``accuracy_first``/``accuracy_last``, ``tool_use_*`` (episodes that
 called the tool) and ``valid_call_rate_*`` (calls that ran), with their curves.
-Training: the per-step reward and tool-use curves, with ``train_reward_first``/
-``train_reward_last`` (``train_tool_use_*`` alike) averaged over the first and the last
+Training: the per-step reward, tool-use and valid-call curves, with ``train_reward_first``/
+``train_reward_last`` (``train_tool_use_*`` and ``train_valid_call_rate_*`` alike) averaged over the first and the last
 ``WINDOW`` steps (one step scores only 8 problems at temperature 0.8, too few for a single
 point to say much). Also ``minutes``, for the whole job (data prep and cold start
 included).
@@ -84,16 +84,21 @@ def summarize(records: list[dict], minutes: float) -> dict:
         "train_tool_use_curve": train_tool_use,
         "train_tool_use_first": _window_mean(train_tool_use, last=False),
         "train_tool_use_last": _window_mean(train_tool_use, last=True),
-        "train_valid_call_rate_curve": _ratio_curve(
-            records, "rollout/tool_calls/ok", "rollout/tool_calls"
-        ),
+    }
+    train_valid = _ratio_curve(records, "rollout/tool_calls/ok", "rollout/tool_calls")
+    payload |= {
+        "train_valid_call_rate_curve": train_valid,
+        "train_valid_call_rate_first": _window_mean(train_valid, last=False),
+        "train_valid_call_rate_last": _window_mean(train_valid, last=True),
     }
     return payload
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--direct-fraction", type=float, default=0.0)
+    parser.add_argument(
+        "--direct-fraction", type=float, default=None, help="default: the recipe's (0.5)"
+    )
     parser.add_argument("--tag", default="", help="results go to retool_cpu_<tag>.json")
     args, overrides = parser.parse_known_args()
     results = RESULTS.with_stem(f"{RESULTS.stem}_{args.tag}") if args.tag else RESULTS
@@ -101,11 +106,16 @@ def main() -> None:
     shutil.rmtree(RUN_DIR, ignore_errors=True)
     start = time.perf_counter()
     command = [str(ROOT / "recipes" / "retool" / "run_cpu.sh"), f"trainer.run_dir={RUN_DIR}"]
-    env = os.environ | {"RETOOL_DIRECT_FRACTION": str(args.direct_fraction)}
+    env = dict(os.environ)
+    if args.direct_fraction is not None:
+        env["RETOOL_DIRECT_FRACTION"] = str(args.direct_fraction)
     subprocess.run([*command, *overrides], cwd=ROOT, check=True, env=env)
     minutes = (time.perf_counter() - start) / 60
     records = [json.loads(x) for x in (RUN_DIR / "metrics.jsonl").read_text().splitlines()]
-    payload = summarize(records, minutes) | {"direct_fraction": args.direct_fraction}
+    direct = env.get("RETOOL_DIRECT_FRACTION")
+    payload = summarize(records, minutes) | {
+        "direct_fraction": float(direct) if direct is not None else "recipe default"
+    }
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(payload, indent=2))
     table = Table(title=f"ReTool-mini on this CPU ({minutes:.1f} min)")
@@ -118,6 +128,7 @@ def main() -> None:
         ("held-out valid calls", "valid_call_rate"),
         (f"train reward ({WINDOW}-step mean)", "train_reward"),
         (f"train tool use ({WINDOW}-step mean)", "train_tool_use"),
+        (f"train valid calls ({WINDOW}-step mean)", "train_valid_call_rate"),
     ]
     for label, key in rows:
         first, last = payload[f"{key}_first"], payload[f"{key}_last"]

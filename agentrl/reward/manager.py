@@ -45,14 +45,23 @@ class RewardRequest:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: DatasetRow | Mapping[str, Any], solution_str: str) -> RewardRequest:
-        """A request for ``row`` (a ``DatasetRow`` or its dict form) and a response text."""
+    def from_row(
+        cls,
+        row: DatasetRow | Mapping[str, Any],
+        solution_str: str,
+        episode_info: Mapping[str, Any] | None = None,
+    ) -> RewardRequest:
+        """A request for ``row`` (a ``DatasetRow`` or its dict form) and a response text.
+
+        ``episode_info`` (how the episode went: turns, tool-call counts) is added to the
+        row's ``extra_info``, over any entries of the same name.
+        """
         data = row.to_dict() if isinstance(row, DatasetRow) else row
         return cls(
             data_source=data["data_source"],
             solution_str=solution_str,
             ground_truth=(data.get("reward_model") or {}).get("ground_truth"),
-            extra_info=dict(data.get("extra_info") or {}),
+            extra_info={**(data.get("extra_info") or {}), **(episode_info or {})},
         )
 
 

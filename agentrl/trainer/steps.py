@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.algos import (
     AdvantageInputs,
     AlgorithmConfig,
@@ -51,7 +52,9 @@ async def score_episodes(
     by_row = [e for e in ok if not e.external]
     requests = [
         RewardRequest.from_row(
-            rows[e.group_id], _decode_response(tokenizer, e.outputs[-1].response_ids)
+            rows[e.group_id],
+            _decode_response(tokenizer, e.outputs[-1].response_ids),
+            episode_info(e.outputs[-1]),
         )
         for e in by_row
     ]
@@ -79,6 +82,14 @@ async def score_episodes(
     metrics["rollout/failed_episodes"] = float(len(episodes) - len(ok))
     metrics.update(rollout_metrics(ok))
     return samples, metrics
+
+
+def episode_info(output: AgentLoopOutput) -> dict[str, Any]:
+    """What a reward function gets in ``extra_info`` about the episode: ``num_turns`` and
+    ``rollout_metrics``, the scored output's numeric metrics (``tool_calls``,
+    ``tool_calls/ok``, ``tool_calls/malformed``, ...: see ``ToolAgentLoop``)."""
+    numbers = {k: v for k, v in output.metrics.items() if isinstance(v, int | float)}
+    return {"num_turns": output.num_turns, "rollout_metrics": numbers}
 
 
 def rollout_metrics(episodes: list[EpisodeResult]) -> dict[str, float]:

@@ -14,16 +14,39 @@ from agentrl.tools import load_tools
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "retool"
 
 
+def _calls(ran: int, failed: int) -> dict:
+    return {"rollout_metrics": {"tool_calls": ran + failed, "tool_calls/ok": ran}}
+
+
 def test_reward_is_plus_minus_one_with_tool_bonus_on_wrong_answers():
     score = load_reward_fn(str(RECIPE / "reward.py"), "compute_score")
-    right = score("m", "so it is \\boxed{4}", "4", {})
-    wrong = score("m", "so it is \\boxed{5}", "4", {})
-    wrong_with_tool = score("m", "<tool_call>{}</tool_call>\n5\n \\boxed{5}", "4", {})
-    no_bonus = score("m", "<tool_call>{}</tool_call>5 \\boxed{5}", "4", {"tool_bonus": 0})
-    assert (right["score"], right["acc"]) == (1.0, 1.0)
-    assert (wrong["score"], wrong["acc"]) == (-1.0, 0.0)
+    right = score("m", "so it is \\boxed{4}", "4", _calls(1, 0))
+    wrong = score("m", "so it is \\boxed{5}", "4", _calls(0, 0))
+    wrong_with_tool = score("m", "<tool_call>{}</tool_call>\n5\n \\boxed{5}", "4", _calls(1, 0))
+    no_bonus = score("m", "\\boxed{5}", "4", _calls(1, 0) | {"tool_bonus": 0})
+    assert (right["score"], right["acc"], right["tool_used"]) == (1.0, 1.0, 1.0)
+    assert (wrong["score"], wrong["acc"], wrong["tool_used"]) == (-1.0, 0.0, 0.0)
     assert wrong_with_tool["score"] == -0.9 and wrong_with_tool["tool_used"] == 1.0
     assert no_bonus["score"] == -1.0
+
+
+def test_failed_calls_lose_the_penalty_and_earn_no_bonus():
+    score = load_reward_fn(str(RECIPE / "reward.py"), "compute_score")
+    right_after_a_failed_call = score("m", "\\boxed{4}", "4", _calls(1, 1))
+    only_failed_calls = score("m", "\\boxed{5}", "4", _calls(0, 2))
+    failed_then_ran = score("m", "\\boxed{5}", "4", _calls(1, 1))
+    no_penalty = score("m", "\\boxed{5}", "4", _calls(0, 1) | {"failed_call_penalty": 0})
+    assert right_after_a_failed_call["score"] == 0.8
+    assert only_failed_calls["score"] == -1.2 and only_failed_calls["tool_used"] == 1.0
+    assert only_failed_calls["failed_calls"] == 1.0
+    assert failed_then_ran["score"] == -1.1
+    assert no_penalty["score"] == -1.0
+
+
+def test_without_the_loops_call_counts_a_tool_call_tag_counts_as_a_call_that_ran():
+    score = load_reward_fn(str(RECIPE / "reward.py"), "compute_score")
+    assert score("m", "<tool_call>{}</tool_call> \\boxed{5}", "4", {})["score"] == -0.9
+    assert score("m", "\\boxed{5}", "4", None)["score"] == -1.0
 
 
 def test_tool_config_loads_the_sandboxed_code_interpreter():

@@ -140,6 +140,9 @@ def test_request_from_a_row_or_its_dict():
     from_row = RewardRequest.from_row(row, "4")
     assert from_row == RewardRequest("gsm8k", "4", "4", {"k": 1})
     assert RewardRequest.from_row(row.to_dict(), "4") == from_row
+    with_episode = RewardRequest.from_row(row, "4", {"num_turns": 3, "k": 2})
+    assert with_episode.extra_info == {"k": 2, "num_turns": 3}
+    assert row.extra_info == {"k": 1}  # the row is not changed
 
 
 def test_bad_worker_settings_are_rejected():
