@@ -13,10 +13,11 @@ Writes ``bench/results/retool_cpu.json`` (``retool_cpu_<tag>.json`` with ``--tag
 Held out (greedy, before training and at each validation): ``reward_first``/
 ``reward_last``, ``accuracy_first``/``accuracy_last``, ``tool_use_*`` (episodes that
 called the tool) and ``valid_call_rate_*`` (calls that ran), with their curves.
-Training: the per-step reward, tool-use and valid-call curves, with ``train_reward_first``/
-``train_reward_last`` (``train_tool_use_*`` and ``train_valid_call_rate_*`` alike) averaged over the first and the last
-``WINDOW`` steps (one step scores only 8 problems at temperature 0.8, too few for a single
-point to say much). Also ``minutes``, for the whole job (data prep and cold start
+Training: the per-step reward, tool-use and valid-call curves, with
+``train_reward_first``/``train_reward_last`` (``train_tool_use_*`` and
+``train_valid_call_rate_*`` alike) averaged over the first and the last ``WINDOW`` steps
+(one step scores only 8 problems at temperature 0.8, too few for a single point to say
+much). Also ``minutes``, for the whole job (data prep and cold start
 included).
 """
 
