@@ -76,7 +76,8 @@ def test_retool_cpu_recipe_trains_and_plots(tmp_path, tiny_checkpoint):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r for r in records if "reward/score/mean" in r]
     assert [r["step"] for r in train_steps] == [1, 2, 3]
-    assert all(-1.0 <= r["reward/score/mean"] <= 1.0 for r in train_steps)
+    # ±1 for the answer, −0.2 more for an episode with a failed tool call.
+    assert all(-1.2 <= r["reward/score/mean"] <= 1.0 for r in train_steps)
     assert [r["step"] for r in records if "val/acc/mean" in r] == [0, 3]
     assert (run_dir / "checkpoints" / "step_3").exists()
     assert (run_dir / "samples" / "step_1.txt").read_text().count("### group") >= 1
