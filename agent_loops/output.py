@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import operator
 from itertools import groupby
 from typing import Any
 
 ENV_TOKEN_VERSION = -1
 """``response_versions`` value of tokens the model did not generate (tool/user tokens)."""
 
-ModelSpan = tuple[int, int, list[float], list[int]]
-"""``(start, end, logprobs, versions)``: response tokens ``[start, end)`` were sampled by
-the model, with one logprob and one policy version per token."""
+ModelSpan = tuple[int, int]
+"""``(start, end)``: response tokens ``[start, end)`` were sampled by the model."""
 
 
 class TrajectoryError(ValueError):
@@ -26,17 +24,21 @@ class AgentLoopOutput:
     ``response_versions[i]`` that sampled it) and 0 for tool/user tokens appended by the
     loop (logprob 0.0, version ``ENV_TOKEN_VERSION``).
 
-    Build it from those three lists, or from ``model_spans`` (what ``TrajectoryBuilder``
-    records, one span per model turn): the sample is stored as spans either way, and the
-    per-token lists are laid out anew on every read. A rollout keeps and ships only the
-    token ids and the engine's own per-turn lists; the trainer fills its tensors from the
-    spans (``model_spans``) without per-token Python lists.
+    Build it from those three lists, or compactly (what ``TrajectoryBuilder`` does) from
+    ``model_spans`` (where the model's tokens are) with ``model_logprobs`` and
+    ``model_versions`` (one entry per model token, in order). It is stored compactly
+    either way, and the per-token lists are laid out anew on every read: a rollout worker
+    keeps thousands of finished samples alive until the trainer takes them, and each
+    list is memory to write and an object the garbage collector walks. The trainer fills
+    its tensors from the compact form.
     """
 
     __slots__ = (
         "extra",
         "metrics",
+        "model_logprobs",
         "model_spans",
+        "model_versions",
         "num_turns",
         "prompt_ids",
         "response_ids",
@@ -52,24 +54,29 @@ class AgentLoopOutput:
         response_versions: list[int] | None = None,
         *,
         model_spans: list[ModelSpan] | None = None,
+        model_logprobs: list[float] | None = None,
+        model_versions: list[int] | None = None,
         num_turns: int = 0,
         reward: float | None = None,
         metrics: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         per_token = (response_mask, response_logprobs, response_versions)
-        missing = per_token.count(None)
-        if model_spans is None:
-            if missing:
-                raise TrajectoryError(
-                    "give response_mask, response_logprobs and response_versions, or model_spans"
-                )
-            model_spans = _spans_from_lists(response_ids, *per_token)  # type: ignore[arg-type]
-        elif missing != len(per_token):
-            raise TrajectoryError("give either the per-token lists or model_spans, not both")
+        compact = (model_spans, model_logprobs, model_versions)
+        if per_token.count(None) == 0 and compact.count(None) == len(compact):
+            model_spans, model_logprobs, model_versions = _compact_from_lists(
+                response_ids, response_mask, response_logprobs, response_versions
+            )
+        elif compact.count(None) or per_token.count(None) != len(per_token):
+            raise TrajectoryError(
+                "give either response_mask, response_logprobs and response_versions, or "
+                "model_spans, model_logprobs and model_versions"
+            )
         self.prompt_ids = prompt_ids
         self.response_ids = response_ids
-        self.model_spans = model_spans
+        self.model_spans: list[ModelSpan] = model_spans  # type: ignore[assignment]
+        self.model_logprobs: list[float] = model_logprobs  # type: ignore[assignment]
+        self.model_versions: list[int] = model_versions  # type: ignore[assignment]
         self.num_turns = num_turns
         self.reward = reward
         self.metrics = {} if metrics is None else metrics
@@ -77,54 +84,71 @@ class AgentLoopOutput:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``TrajectoryError`` unless the spans fit the response and each other."""
+        """Raise ``TrajectoryError`` unless the compact fields fit the response."""
         if not self.prompt_ids:
             raise TrajectoryError("prompt_ids is empty")
-        n = len(self.response_ids)
-        if self.model_spans and not _spans_consistent(self.model_spans, n):
-            _raise_first_bad_span(self.model_spans, n)
+        n, position, model_tokens = len(self.response_ids), 0, 0
+        for start, end in self.model_spans:
+            if not position <= start <= end <= n:
+                raise TrajectoryError(
+                    f"model span [{start}, {end}) is out of order or outside the {n}-token response"
+                )
+            position, model_tokens = end, model_tokens + end - start
+        if len(self.model_logprobs) != model_tokens or len(self.model_versions) != model_tokens:
+            raise TrajectoryError(
+                f"the model spans hold {model_tokens} tokens but there are "
+                f"{len(self.model_logprobs)} logprobs and {len(self.model_versions)} versions"
+            )
+        if min(self.model_versions, default=0) < 0:
+            first = next(i for i, v in enumerate(self.model_versions) if v < 0)
+            raise TrajectoryError(
+                f"model token {first} (in order of the model's tokens) has no policy version "
+                f"({self.model_versions[first]!r})"
+            )
+
+    def _lay_out(self, model_values: list[Any], fill: Any) -> list[Any]:
+        values = [fill] * len(self.response_ids)
+        offset = 0
+        for start, end in self.model_spans:
+            values[start:end] = model_values[offset : offset + end - start]
+            offset += end - start
+        return values
 
     @property
     def response_mask(self) -> list[int]:
         """1 on model tokens, 0 on tool/user tokens (a new list per read)."""
         mask = [0] * len(self.response_ids)
-        for start, end, _, _ in self.model_spans:
+        for start, end in self.model_spans:
             mask[start:end] = [1] * (end - start)
         return mask
 
     @property
     def response_logprobs(self) -> list[float]:
         """The sampling logprob on model tokens, 0.0 elsewhere (a new list per read)."""
-        logprobs = [0.0] * len(self.response_ids)
-        for start, end, span_logprobs, _ in self.model_spans:
-            logprobs[start:end] = span_logprobs
-        return logprobs
+        return self._lay_out(self.model_logprobs, 0.0)
 
     @property
     def response_versions(self) -> list[int]:
         """The sampling policy's version on model tokens, ``ENV_TOKEN_VERSION`` elsewhere
         (a new list per read)."""
-        versions = [ENV_TOKEN_VERSION] * len(self.response_ids)
-        for start, end, _, span_versions in self.model_spans:
-            versions[start:end] = span_versions
-        return versions
+        return self._lay_out(self.model_versions, ENV_TOKEN_VERSION)
 
     @property
     def num_model_tokens(self) -> int:
-        return sum(end - start for start, end, _, _ in self.model_spans)
+        return len(self.model_logprobs)
 
     @property
     def min_version(self) -> int | None:
         """Oldest policy version among the model's tokens (None if it produced none)."""
-        return min((min(v) for _, _, _, v in self.model_spans if v), default=None)
+        return min(self.model_versions, default=None)
 
     def _fields(self) -> tuple[Any, ...]:
         return (
             self.prompt_ids,
             self.response_ids,
             self.response_mask,
-            self.response_logprobs,
-            self.response_versions,
+            list(self.model_logprobs),
+            list(self.model_versions),
             self.num_turns,
             self.reward,
             self.metrics,
@@ -148,45 +172,10 @@ class AgentLoopOutput:
         )
 
 
-def _spans_consistent(spans: list[ModelSpan], n: int) -> bool:
-    """The span rules, checked with C-level iteration (the common, valid case): in order,
-    inside the response, one logprob and one non-negative version per token."""
-    starts, ends, logprobs, versions = zip(*spans, strict=True)
-    sizes = list(map(operator.sub, ends, starts))
-    return (
-        starts[0] >= 0
-        and ends[-1] <= n
-        and all(map(operator.le, starts, ends))
-        and all(map(operator.le, ends[:-1], starts[1:]))
-        and sizes == list(map(len, logprobs)) == list(map(len, versions))
-        and min(map(min, filter(None, versions)), default=0) >= 0
-    )
-
-
-def _raise_first_bad_span(spans: list[ModelSpan], n: int) -> None:
-    position = 0
-    for start, end, logprobs, versions in spans:
-        if not position <= start <= end <= n:
-            raise TrajectoryError(
-                f"model span [{start}, {end}) is out of order or outside the {n}-token response"
-            )
-        if len(logprobs) != end - start or len(versions) != end - start:
-            raise TrajectoryError(
-                f"model span at response token {start} has {end - start} tokens, "
-                f"{len(logprobs)} logprobs and {len(versions)} versions"
-            )
-        if versions and min(versions) < 0:
-            raise TrajectoryError(
-                f"model span at response token {start} has a token without a policy "
-                f"version: {versions}"
-            )
-        position = end
-
-
-def _spans_from_lists(
+def _compact_from_lists(
     response_ids: list[int], mask: list[int], logprobs: list[float], versions: list[int]
-) -> list[ModelSpan]:
-    """The model spans of per-token lists, after checking the per-token rules."""
+) -> tuple[list[ModelSpan], list[float], list[int]]:
+    """The compact fields of per-token lists, after checking the per-token rules."""
     n = len(response_ids)
     lengths = {"response_mask": len(mask), "response_logprobs": len(logprobs)}
     lengths["response_versions"] = len(versions)
@@ -194,11 +183,20 @@ def _spans_from_lists(
     if wrong:
         raise TrajectoryError(f"response_ids has {n} tokens but {wrong}")
     spans: list[ModelSpan] = []
+    model_logprobs: list[float] = []
+    model_versions: list[int] = []
     start = 0
     for value, run in groupby(mask):
         end = start + len(list(run))
         if value == 1:
-            spans.append((start, end, list(logprobs[start:end]), list(versions[start:end])))
+            spans.append((start, end))
+            model_logprobs += logprobs[start:end]
+            model_versions += versions[start:end]
+            if min(versions[start:end]) < 0:
+                bad = next(i for i in range(start, end) if versions[i] < 0)
+                raise TrajectoryError(
+                    f"model token {bad} has no policy version ({versions[bad]!r})"
+                )
         elif value == 0:
             if any(logprobs[start:end]) or set(versions[start:end]) != {ENV_TOKEN_VERSION}:
                 bad = next(
@@ -213,23 +211,18 @@ def _spans_from_lists(
         else:
             raise TrajectoryError(f"response_mask[{start}] = {value!r}, expected 0 or 1")
         start = end
-    for span_start, _, _, span_versions in spans:
-        if span_versions and min(span_versions) < 0:
-            first = span_start + next(i for i, v in enumerate(span_versions) if v < 0)
-            raise TrajectoryError(
-                f"model token {first} has no policy version ({versions[first]!r})"
-            )
-    return spans
+    return spans, model_logprobs, model_versions
 
 
-def truncate_spans(spans: list[ModelSpan], length: int) -> list[ModelSpan]:
-    """``spans`` cut to a response of ``length`` tokens (new list; spans are not changed)."""
+def truncate_spans(spans: list[ModelSpan], length: int) -> tuple[list[ModelSpan], int]:
+    """``spans`` cut to a response of ``length`` tokens, and how many model tokens they
+    keep (a new list; ``spans`` is not changed)."""
     cut: list[ModelSpan] = []
-    for start, end, logprobs, versions in spans:
+    kept = 0
+    for start, end in spans:
         if start >= length:
             break
-        if end > length:
-            keep = length - start
-            start, end, logprobs, versions = start, length, logprobs[:keep], versions[:keep]
-        cut.append((start, end, logprobs, versions))
-    return cut
+        end = min(end, length)
+        cut.append((start, end))
+        kept += end - start
+    return cut, kept

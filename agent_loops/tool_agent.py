@@ -14,7 +14,7 @@ from typing import Any
 from agentrl.agent_loops.base import AgentLoopBase
 from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.agent_loops.tool_calls import CallResult, ToolCallExecutor, truncate_response
+from agentrl.agent_loops.tool_calls import ToolCallExecutor, truncate_response
 from agentrl.agent_loops.trajectory import TrajectoryBuilder
 from agentrl.server.types import SamplingParams
 
@@ -67,7 +67,9 @@ class ToolAgentLoop(AgentLoopBase):
         response = trajectory.response_ids  # grows in place as turns are added
         gen_time = tool_time = 0.0
         assistant_turns = user_turns = 0
-        calls: list[CallResult] = []
+        # Counted per turn, not kept: results held to the episode's end are objects the
+        # garbage collector walks again and again when thousands of episodes run at once.
+        call_counts: dict[tuple[str, str], int] = {}
         try:
             while True:
                 start = perf_counter()
@@ -97,11 +99,12 @@ class ToolAgentLoop(AgentLoopBase):
                 start = perf_counter()
                 results = await executor.run_turn(parsed)
                 tool_time += perf_counter() - start
-                calls += results
-                tool_messages = [
-                    {"role": "tool", "content": truncate_response(result.text, limit, side)}
-                    for result in results
-                ]
+                tool_messages = []
+                for result in results:
+                    key = (result.tool, result.outcome)
+                    call_counts[key] = call_counts.get(key, 0) + 1
+                    content = truncate_response(result.text, limit, side)
+                    tool_messages.append({"role": "tool", "content": content})
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - len(response)
                 trajectory.add_env_tokens(delta if len(delta) <= room else delta[:room])
@@ -116,14 +119,15 @@ class ToolAgentLoop(AgentLoopBase):
             if user_turns:
                 metrics["user_turns"] = user_turns
                 metrics["tool_time_s"] = tool_time
-            if calls:
-                metrics.update(_call_metrics(calls))
+            if call_counts:
+                metrics.update(_call_metrics(call_counts))
 
 
-def _call_metrics(calls: list[CallResult]) -> dict[str, int]:
+def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:
     """``tool_calls``, ``tool_calls/<outcome>`` and ``tool_calls/<tool>/<outcome>``."""
-    metrics: dict[str, int] = {"tool_calls": len(calls)}
-    for call in calls:
-        for name in (f"tool_calls/{call.outcome}", f"tool_calls/{call.tool}/{call.outcome}"):
-            metrics[name] = metrics.get(name, 0) + 1
+    metrics: dict[str, int] = {"tool_calls": sum(counts.values())}
+    for (tool, outcome), count in counts.items():
+        by_outcome = f"tool_calls/{outcome}"
+        metrics[by_outcome] = metrics.get(by_outcome, 0) + count
+        metrics[f"tool_calls/{tool}/{outcome}"] = count
     return metrics

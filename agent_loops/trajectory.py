@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.agent_loops.output import AgentLoopOutput, ModelSpan, truncate_spans
+from agentrl.agent_loops.output import AgentLoopOutput, ModelSpan, TrajectoryError, truncate_spans
 from agentrl.server.types import TokenOutput
 
 
@@ -14,9 +14,10 @@ class TrajectoryBuilder:
     The conversation so far (``prompt_ids + response_ids``) is what the next turn sends to
     the engine: nothing is ever decoded and re-encoded.
 
-    Only the token ids grow turn by turn; each model turn is kept as a span (where it
-    starts and ends, the engine's logprobs and versions), which is also how the output
-    stores it (``AgentLoopOutput.model_spans``): nothing is laid out per token here.
+    Only the token ids and the model tokens' logprobs and versions grow turn by turn, with
+    one ``(start, end)`` span per model turn: the output's compact form
+    (``AgentLoopOutput.model_spans``, ``model_logprobs``, ``model_versions``); nothing is
+    laid out per token here.
     The builder keeps ``prompt_ids`` as given, without a copy, and never changes it.
     """
 
@@ -25,7 +26,9 @@ class TrajectoryBuilder:
         self.prompt_ids = prompt_ids
         self.response_ids: list[int] = []
         self.num_turns = 0
-        self._model_turns: list[ModelSpan] = []
+        self._model_spans: list[ModelSpan] = []
+        self._model_logprobs: list[float] = []
+        self._model_versions: list[int] = []
 
     @property
     def ids(self) -> list[int]:
@@ -39,13 +42,20 @@ class TrajectoryBuilder:
     def add_model_turn(self, out: TokenOutput) -> None:
         """Append the engine's tokens with their logprobs and versions (mask 1).
 
-        The turn's logprobs and versions are checked by ``build``.
+        Raises ``TrajectoryError`` when the engine's logprob or version count disagrees
+        with its token count; ``build`` checks that every model token has a version.
         """
-        response_ids = self.response_ids
+        response_ids, token_ids = self.response_ids, out.token_ids
         start = len(response_ids)
-        response_ids += out.token_ids
-        # Only what build needs: the engine's output object and token list may go.
-        self._model_turns.append((start, len(response_ids), out.logprobs, out.token_versions))
+        if len(out.logprobs) != len(token_ids) or len(out.token_versions) != len(token_ids):
+            raise TrajectoryError(
+                f"engine turn at response token {start} has {len(token_ids)} tokens, "
+                f"{len(out.logprobs)} logprobs and {len(out.token_versions)} versions"
+            )
+        response_ids += token_ids
+        self._model_spans.append((start, len(response_ids)))
+        self._model_logprobs += out.logprobs
+        self._model_versions += out.token_versions
         self.num_turns += 1
 
     def add_env_tokens(self, token_ids: list[int], *, new_turn: bool = True) -> None:
@@ -64,18 +74,20 @@ class TrajectoryBuilder:
         """The sample, cut to ``max_response_length`` tokens if given.
 
         The output takes over the builder's lists and the ``metrics`` and ``extra`` dicts
-        given: build once, when the episode is done. A model turn whose logprob or version
-        count disagrees with its tokens, or with a token without a policy version, raises
-        ``TrajectoryError`` naming the turn.
+        given: build once, when the episode is done. A model token without a policy version
+        raises ``TrajectoryError``.
         """
-        spans = self._model_turns
+        spans, logprobs, versions = self._model_spans, self._model_logprobs, self._model_versions
         if max_response_length is not None and len(self.response_ids) > max_response_length:
             del self.response_ids[max_response_length:]
-            spans = truncate_spans(spans, max_response_length)
+            spans, kept = truncate_spans(spans, max_response_length)
+            del logprobs[kept:], versions[kept:]
         return AgentLoopOutput(
             self.prompt_ids,
             self.response_ids,
             model_spans=spans,
+            model_logprobs=logprobs,
+            model_versions=versions,
             num_turns=self.num_turns,
             metrics=metrics,
             extra=extra,

@@ -43,11 +43,12 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
         attention[i, prompt_len - p : prompt_len + r] = 1
         if r:
             input_ids[i, prompt_len : prompt_len + r] = torch.tensor(out.response_ids)
-        # Straight from the model spans: no per-token Python lists.
-        for start, end, logprobs, span_versions in out.model_spans:
+        # Straight from the compact form: no per-token Python lists.
+        for start, end in out.model_spans:
             response_mask[i, start:end] = 1.0
-            rollout_log_probs[i, start:end] = torch.tensor(logprobs, dtype=torch.float32)
-            versions[i, start:end] = torch.tensor(span_versions, dtype=torch.long)
+        model_tokens = response_mask[i].bool()
+        rollout_log_probs[i, model_tokens] = torch.tensor(out.model_logprobs, dtype=torch.float32)
+        versions[i, model_tokens] = torch.tensor(out.model_versions, dtype=torch.long)
     batch: Batch = {
         "input_ids": input_ids,
         "attention_mask": attention,

@@ -20,7 +20,7 @@ def render_sample(sample: Sample, tokenizer: Any) -> str:
             parts.append(f"{ENV_OPEN}{tokenizer.decode(out.response_ids[start:end])}{ENV_CLOSE}")
 
     position = 0
-    for start, end, _, _ in out.model_spans:
+    for start, end in out.model_spans:
         add_env(position, start)
         parts.append(tokenizer.decode(out.response_ids[start:end]))
         position = end

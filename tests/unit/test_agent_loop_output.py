@@ -29,7 +29,8 @@ def _lists_output(**overrides) -> AgentLoopOutput:
 
 def test_per_token_lists_become_spans_and_read_back_unchanged():
     out = _lists_output()
-    assert out.model_spans == [(0, 2, [-0.1, -0.2], [4, 5]), (3, 4, [-0.3], [5])]
+    assert out.model_spans == [(0, 2), (3, 4)]
+    assert out.model_logprobs == [-0.1, -0.2, -0.3] and out.model_versions == [4, 5, 5]
     assert out.response_mask == [1, 1, 0, 1, 0]
     assert out.response_logprobs == [-0.1, -0.2, 0.0, -0.3, 0.0]
     assert out.response_versions == [4, 5, E, 5, E]
@@ -37,13 +38,15 @@ def test_per_token_lists_become_spans_and_read_back_unchanged():
 
 
 def test_spans_and_lists_of_the_same_sample_are_equal_however_the_spans_are_split():
-    from_spans = AgentLoopOutput(
+    compact = AgentLoopOutput(
         [1, 2],
         [10, 11, 20, 12, 21],
-        model_spans=[(0, 1, [-0.1], [4]), (1, 2, [-0.2], [5]), (3, 4, [-0.3], [5])],
+        model_spans=[(0, 1), (1, 2), (3, 4)],
+        model_logprobs=[-0.1, -0.2, -0.3],
+        model_versions=[4, 5, 5],
     )
-    assert from_spans == _lists_output()
-    assert from_spans != _lists_output(response_logprobs=[-0.1, -0.2, 0.0, -0.4, 0.0])
+    assert compact == _lists_output()
+    assert compact != _lists_output(response_logprobs=[-0.1, -0.2, 0.0, -0.4, 0.0])
 
 
 def test_a_response_without_model_tokens_has_no_spans_and_no_min_version():
@@ -74,32 +77,41 @@ def test_inconsistent_per_token_lists_are_rejected_with_the_position(overrides, 
 
 
 @pytest.mark.parametrize(
-    ("spans", "message"),
+    ("spans", "logprobs", "versions", "message"),
     [
-        ([(0, 2, [-0.1], [1, 1])], "2 tokens, 1 logprobs and 2 versions"),
-        ([(2, 3, [-0.1], [1]), (0, 1, [-0.1], [1])], "out of order"),
-        ([(2, 4, [-0.1, -0.1], [1, 1])], "outside the 3-token response"),
-        ([(0, 1, [-0.1], [-1])], "without a policy version"),
+        ([(0, 2)], [-0.1], [1, 1], "hold 2 tokens but there are 1 logprobs and 2 versions"),
+        ([(2, 3), (0, 1)], [-0.1, -0.1], [1, 1], "out of order"),
+        ([(2, 4)], [-0.1, -0.1], [1, 1], "outside the 3-token response"),
+        ([(0, 2)], [-0.1, -0.1], [1, -1], r"model token 1 .* has no policy version"),
     ],
 )
-def test_inconsistent_spans_are_rejected(spans, message):
+def test_inconsistent_compact_fields_are_rejected(spans, logprobs, versions, message):
     with pytest.raises(TrajectoryError, match=message):
-        AgentLoopOutput([1], [5, 6, 7], model_spans=spans)
+        AgentLoopOutput(
+            [1], [5, 6, 7], model_spans=spans, model_logprobs=logprobs, model_versions=versions
+        )
 
 
-def test_either_the_lists_or_the_spans_must_be_given_not_both():
-    with pytest.raises(TrajectoryError, match="or model_spans"):
+def test_either_the_lists_or_the_compact_fields_must_be_given_not_both():
+    with pytest.raises(TrajectoryError, match="either"):
         AgentLoopOutput([1], [5], [1])
-    with pytest.raises(TrajectoryError, match="not both"):
-        AgentLoopOutput([1], [5], [1], [-0.1], [1], model_spans=[(0, 1, [-0.1], [1])])
+    with pytest.raises(TrajectoryError, match="either"):
+        AgentLoopOutput([1], [5], model_spans=[(0, 1)], model_logprobs=[-0.1])
+    with pytest.raises(TrajectoryError, match="either"):
+        AgentLoopOutput(
+            [1],
+            [5],
+            [1],
+            [-0.1],
+            [1],
+            model_spans=[(0, 1)],
+            model_logprobs=[-0.1],
+            model_versions=[1],
+        )
 
 
 def test_truncate_spans_drops_and_cuts_spans_past_the_limit_without_changing_them():
-    spans = [
-        (0, 2, [-0.1, -0.2], [1, 1]),
-        (3, 6, [-0.3, -0.4, -0.5], [2, 2, 2]),
-        (7, 8, [-1.0], [3]),
-    ]
-    assert truncate_spans(spans, 5) == [(0, 2, [-0.1, -0.2], [1, 1]), (3, 5, [-0.3, -0.4], [2, 2])]
-    assert truncate_spans(spans, 3) == spans[:1]
-    assert spans[1] == (3, 6, [-0.3, -0.4, -0.5], [2, 2, 2])
+    spans = [(0, 2), (3, 6), (7, 8)]
+    assert truncate_spans(spans, 5) == ([(0, 2), (3, 5)], 4)
+    assert truncate_spans(spans, 3) == ([(0, 2)], 2)
+    assert spans == [(0, 2), (3, 6), (7, 8)]

@@ -20,7 +20,9 @@ def _samples() -> list[Sample]:
     two_turns = AgentLoopOutput(
         [1, 2, 3],
         [10, 11, 20, 21, 12],
-        model_spans=[(0, 2, [-0.1, -0.2], [4, 4]), (4, 5, [-0.3], [5])],
+        model_spans=[(0, 2), (4, 5)],
+        model_logprobs=[-0.1, -0.2, -0.3],
+        model_versions=[4, 4, 5],
         extra={"sample_weight": 0.5},
     )
     from_lists = AgentLoopOutput([7], [30, 31], [0, 1], [0.0, -0.7], [E, 6])
