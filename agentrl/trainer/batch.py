@@ -43,12 +43,9 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
         attention[i, prompt_len - p : prompt_len + r] = 1
         if r:
             input_ids[i, prompt_len : prompt_len + r] = torch.tensor(out.response_ids)
-        # Straight from the compact form: no per-token Python lists.
-        for start, end in out.model_spans:
-            response_mask[i, start:end] = 1.0
-        model_tokens = response_mask[i].bool()
-        rollout_log_probs[i, model_tokens] = torch.tensor(out.model_logprobs, dtype=torch.float32)
-        versions[i, model_tokens] = torch.tensor(out.model_versions, dtype=torch.long)
+            response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.float32)
+            rollout_log_probs[i, :r] = torch.tensor(out.response_logprobs)
+            versions[i, :r] = torch.tensor(out.response_versions)
     batch: Batch = {
         "input_ids": input_ids,
         "attention_mask": attention,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,12 @@ def render_sample(sample: Sample, tokenizer: Any) -> str:
     """The prompt, then the response with non-model tokens wrapped in ⟦ ⟧."""
     out = sample.output
     parts = [tokenizer.decode(out.prompt_ids)]
-
-    def add_env(start: int, end: int) -> None:
-        if end > start:
-            parts.append(f"{ENV_OPEN}{tokenizer.decode(out.response_ids[start:end])}{ENV_CLOSE}")
-
     position = 0
-    for start, end in out.model_spans:
-        add_env(position, start)
-        parts.append(tokenizer.decode(out.response_ids[start:end]))
-        position = end
-    add_env(position, len(out.response_ids))
+    for is_model, span in groupby(out.response_mask):
+        length = len(list(span))
+        text = tokenizer.decode(out.response_ids[position : position + length])
+        parts.append(text if is_model else f"{ENV_OPEN}{text}{ENV_CLOSE}")
+        position += length
     return "".join(parts)
 
 

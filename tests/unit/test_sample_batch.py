@@ -1,4 +1,4 @@
-"""build_batch and render_sample read an output's model spans, not per-token lists."""
+"""build_batch lays samples out as padded tensors; render_sample marks masked spans."""
 
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ def _samples() -> list[Sample]:
     two_turns = AgentLoopOutput(
         [1, 2, 3],
         [10, 11, 20, 21, 12],
-        model_spans=[(0, 2), (4, 5)],
-        model_logprobs=[-0.1, -0.2, -0.3],
-        model_versions=[4, 4, 5],
+        [1, 1, 0, 0, 1],
+        [-0.1, -0.2, 0.0, 0.0, -0.3],
+        [4, 4, E, E, 5],
         extra={"sample_weight": 0.5},
     )
     from_lists = AgentLoopOutput([7], [30, 31], [0, 1], [0.0, -0.7], [E, 6])
     return [Sample(two_turns, "g0", 1.0), Sample(from_lists, "g1", -1.0)]
 
 
-def test_build_batch_fills_mask_logprobs_and_versions_from_the_spans():
+def test_build_batch_pads_prompts_left_and_responses_right():
     batch, groups = build_batch(_samples(), pad_token_id=0)
     assert groups == ["g0", "g1"]
     assert batch["input_ids"].tolist() == [

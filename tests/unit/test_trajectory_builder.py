@@ -1,4 +1,4 @@
-"""TrajectoryBuilder: token ids turn by turn, each model turn kept as a span."""
+"""TrajectoryBuilder: token ids turn by turn, per-token mask/logprobs/versions laid out once."""
 
 from __future__ import annotations
 
@@ -35,16 +35,13 @@ def test_model_and_environment_turns_line_up_token_by_token():
     out.validate()  # the full per-token rules hold
 
 
-def test_the_output_keeps_model_tokens_compactly():
+def test_per_token_lists_can_be_read_before_build():
     builder = TrajectoryBuilder([1])
     builder.add_env_tokens([7])
     builder.add_model_turn(_turn([8, 9]))
-    builder.add_env_tokens([6])
-    builder.add_model_turn(_turn([5], version=4))
-    out = builder.build()
-    assert out.model_spans == [(1, 3), (4, 5)]
-    assert out.model_logprobs == [-0.5, -1.5, -0.5] and out.model_versions == [3, 3, 4]
-    assert out.num_model_tokens == 3 and out.min_version == 3
+    assert builder.response_mask == [0, 1, 1]
+    assert builder.response_versions == [ENV_TOKEN_VERSION, 3, 3]
+    assert builder.response_logprobs == [0.0, -0.5, -1.5]
 
 
 def test_ids_is_a_new_list_each_time():
@@ -72,19 +69,15 @@ def test_build_cuts_every_list_to_the_response_budget():
         ([-0.1], [1, 1], "token 2 has 2 tokens, 1 logprobs and 2 versions"),
         ([-0.1, -0.2, -0.3], [1, 1], "2 tokens, 3 logprobs and 2 versions"),
         ([-0.1, -0.2], [1], "2 tokens, 2 logprobs and 1 versions"),
+        ([-0.1, -0.2], [1, -1], "without a policy version"),
     ],
 )
-def test_an_engine_turn_whose_counts_disagree_is_rejected_and_named(logprobs, versions, message):
+def test_an_inconsistent_engine_turn_is_named_when_the_lists_are_laid_out(
+    logprobs, versions, message
+):
     builder = TrajectoryBuilder([1])
     builder.add_model_turn(_turn([10]))
     builder.add_env_tokens([20])
+    builder.add_model_turn(_turn([30, 31], logprobs, versions))
     with pytest.raises(TrajectoryError, match=message):
-        builder.add_model_turn(_turn([30, 31], logprobs, versions))
-
-
-def test_a_model_token_without_a_policy_version_is_rejected_by_build():
-    builder = TrajectoryBuilder([1])
-    builder.add_model_turn(_turn([10]))
-    builder.add_model_turn(_turn([30, 31], versions=[1, -1]))
-    with pytest.raises(TrajectoryError, match=r"model token 2 .* has no policy version"):
         builder.build()
