@@ -67,8 +67,6 @@ class ToolAgentLoop(AgentLoopBase):
         response = trajectory.response_ids  # grows in place as turns are added
         gen_time = tool_time = 0.0
         assistant_turns = user_turns = 0
-        # Counted per turn, not kept: results held to the episode's end are objects the
-        # garbage collector walks again and again when thousands of episodes run at once.
         call_counts: dict[tuple[str, str], int] = {}
         try:
             while True:
