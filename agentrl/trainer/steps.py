@@ -88,8 +88,11 @@ def episode_info(output: AgentLoopOutput) -> dict[str, Any]:
     """What a reward function gets in ``extra_info`` about the episode: ``num_turns`` and
     ``rollout_metrics``, the scored output's numeric metrics (``tool_calls``,
     ``tool_calls/ok``, ``tool_calls/malformed``, ...: see ``ToolAgentLoop``)."""
-    numbers = {k: v for k, v in output.metrics.items() if isinstance(v, int | float)}
-    return {"num_turns": output.num_turns, "rollout_metrics": numbers}
+    return {"num_turns": output.num_turns, "rollout_metrics": _numeric_metrics(output)}
+
+
+def _numeric_metrics(output: AgentLoopOutput) -> dict[str, int | float]:
+    return {k: v for k, v in output.metrics.items() if isinstance(v, int | float)}
 
 
 def rollout_metrics(episodes: list[EpisodeResult]) -> dict[str, float]:
@@ -99,7 +102,7 @@ def rollout_metrics(episodes: list[EpisodeResult]) -> dict[str, float]:
         return {}
     totals: Counter[str] = Counter()
     for output in outputs:
-        totals.update({k: v for k, v in output.metrics.items() if isinstance(v, int | float)})
+        totals.update(_numeric_metrics(output))
     lengths = np.array([o.num_model_tokens for o in outputs], dtype=float)
     latency = np.array([e.latency_s for e in episodes])
     metrics = {

@@ -45,14 +45,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
     extra_info = extra_info or {}
     correct = math_score(solution_str, ground_truth)["score"] >= 1.0
     ran, failed = _call_counts(solution_str, extra_info)
+    called = ran + failed > 0
     bonus = float(extra_info.get("tool_bonus", TOOL_BONUS))
     penalty = float(extra_info.get("failed_call_penalty", FAILED_CALL_PENALTY))
-    score = 1.0 if correct else -1.0 + (bonus if ran + failed else 0.0)
+    score = 1.0 if correct else -1.0 + (bonus if called else 0.0)
     if failed:
         score -= penalty
     return {
         "score": score,
         "acc": float(correct),
-        "tool_used": float(ran + failed > 0),
+        "tool_used": float(called),
         "failed_calls": float(failed > 0),
     }
