@@ -112,8 +112,9 @@ class DynamicSamplingConfig(_Section):
     max_num_gen_batches: int = Field(
         10,
         ge=0,
-        description="Generation batches allowed to fill one train batch before giving up "
-        "with an error; 0 = unbounded.",
+        description="Generation batches allowed to fill one train batch; after them the "
+        "step trains on the groups kept so far, or skips its update with a warning if too "
+        "few were kept; 0 = unbounded.",
     )
 
 

