@@ -18,7 +18,7 @@ Training: the per-step reward, tool-use and valid-call curves, with
 ``train_valid_call_rate_*`` alike) averaged over the first and the last ``WINDOW`` steps
 (one step scores only 8 problems at temperature 0.8, too few for a single point to say
 much). Also ``minutes``, for the whole job (data prep and cold start
-included).
+included), the dotted ``overrides`` given and the git ``commit`` it ran.
 """
 
 from __future__ import annotations
@@ -95,6 +95,15 @@ def summarize(records: list[dict], minutes: float) -> dict:
     return payload
 
 
+def _commit() -> str:
+    """The checked-out commit, with ``+dirty`` when tracked files have changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return f"{head}+dirty" if dirty else head
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -115,7 +124,9 @@ def main() -> None:
     records = [json.loads(x) for x in (RUN_DIR / "metrics.jsonl").read_text().splitlines()]
     direct = env.get("RETOOL_DIRECT_FRACTION")
     payload = summarize(records, minutes) | {
-        "direct_fraction": float(direct) if direct is not None else "recipe default"
+        "direct_fraction": float(direct) if direct is not None else "recipe default",
+        "overrides": overrides,
+        "commit": _commit(),
     }
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(payload, indent=2))

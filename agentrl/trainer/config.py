@@ -61,9 +61,11 @@ class FSDPConfig(_Section):
         False, description="Recompute decoder-layer activations in backward to save memory."
     )
     attn_implementation: str = Field(
-        "sdpa",
-        description="HF attention kernel (`sdpa`, `eager`, `flash_attention_2`); all of them "
-        "keep the packed sequences of a micro-batch apart.",
+        "packed_sdpa",
+        description="HF attention kernel: `packed_sdpa` (SDPA on each packed sequence "
+        "alone), `sdpa` (one masked SDPA over the whole packed micro-batch: cost grows "
+        "with its squared length), `eager`, `flash_attention_2`; all of them keep the "
+        "packed sequences of a micro-batch apart.",
     )
     cpu_threads_per_rank: int = Field(
         1, ge=1, description="torch intra-op threads per rank when running on CPU."

@@ -58,6 +58,7 @@ class ReferenceWorker(FSDPWorkerBase):
             position_ids=packed.position_ids,
             use_cache=False,
             logits_to_keep=packed.output_index,
+            **packed.attention_kwargs(),
         ).logits[0]
         logits = logits.float() / temperature
         log_z = logits.logsumexp(dim=-1)
@@ -202,7 +203,12 @@ class CriticWorker(FSDPWorkerBase):
         packed = pack_rows(
             data["input_ids"], data["attention_mask"], data["response_mask"].shape[1]
         ).to(self.device)
-        values = self.model(packed.input_ids, packed.position_ids, packed.output_index)
+        values = self.model(
+            packed.input_ids,
+            packed.position_ids,
+            packed.output_index,
+            **packed.attention_kwargs(),
+        )
         return {"values": packed.scatter(values)}
 
     def compute_values(self, shard: Batch) -> dict[str, Tensor]:

@@ -137,8 +137,10 @@ class PackedRows:
     target_ids: Tensor  # [M]
     dest_row: Tensor  # [M]
     dest_col: Tensor  # [M]
+    cu_seq_lens: Tensor  # [rows + 1] int32: where each row's tokens start, then N
     num_rows: int
     response_width: int
+    max_length: int  # tokens of the longest row
 
     def to(self, device: torch.device) -> PackedRows:
         """The same packing with its tensors on ``device``."""
@@ -146,7 +148,19 @@ class PackedRows:
             *(getattr(self, f).to(device) for f in _TENSOR_FIELDS),
             num_rows=self.num_rows,
             response_width=self.response_width,
+            max_length=self.max_length,
         )
+
+    def attention_kwargs(self) -> dict[str, Tensor | int]:
+        """The rows' spans as the model forward's variable-length attention keywords
+        (read by ``packed_sdpa`` and flash-attention; other kernels use the mask that
+        ``position_ids`` imply)."""
+        return {
+            "cu_seq_lens_q": self.cu_seq_lens,
+            "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+        }
 
     def scatter(self, values: Tensor) -> Tensor:
         """Per-output ``values [M]`` as a response-aligned ``[rows, R]`` tensor (0 elsewhere)."""
@@ -154,7 +168,15 @@ class PackedRows:
         return out.index_put((self.dest_row, self.dest_col), values)
 
 
-_TENSOR_FIELDS = ("input_ids", "position_ids", "output_index", "target_ids", "dest_row", "dest_col")
+_TENSOR_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "output_index",
+    "target_ids",
+    "dest_row",
+    "dest_col",
+    "cu_seq_lens",
+)
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) -> PackedRows:
@@ -167,7 +189,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) ->
     width = input_ids.shape[1]
     start = width - response_width
     ids, positions, out_index, targets, rows, cols = [], [], [], [], [], []
-    offset = 0
+    offset, starts = 0, [0]
     for row in range(input_ids.shape[0]):
         real = attention_mask[row].nonzero().squeeze(1)
         n = int(real.numel())
@@ -181,6 +203,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) ->
         rows.append(torch.full_like(j, row))
         cols.append(real[j] - start)
         offset += n
+        starts.append(offset)
     return PackedRows(
         input_ids=torch.cat(ids).unsqueeze(0),
         position_ids=torch.cat(positions).unsqueeze(0),
@@ -188,6 +211,8 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) ->
         target_ids=torch.cat(targets),
         dest_row=torch.cat(rows),
         dest_col=torch.cat(cols),
+        cu_seq_lens=torch.tensor(starts, dtype=torch.int32),
         num_rows=input_ids.shape[0],
         response_width=response_width,
+        max_length=max(len(row_ids) for row_ids in ids),
     )

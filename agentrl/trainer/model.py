@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.trainer.config import FSDPConfig, LoRAConfig
+from agentrl.trainer.packed_attention import register_packed_sdpa
 
 logger = logging.getLogger(__name__)
 
@@ -35,33 +37,37 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, output_index: Tensor) -> Tensor:
-        """Values ``[M]`` at the packed positions ``output_index`` of ``input_ids [1, N]``."""
+    def forward(
+        self, input_ids: Tensor, position_ids: Tensor, output_index: Tensor, **attention: Any
+    ) -> Tensor:
+        """Values ``[M]`` at the packed positions ``output_index`` of ``input_ids [1, N]``
+        (``attention``: the packing's keywords, :meth:`PackedRows.attention_kwargs`)."""
         hidden = self.model(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention
         ).last_hidden_state
         return self.value_head(hidden[0, output_index]).squeeze(-1).float()
 
 
-def load_causal_lm(path: str, fsdp: FSDPConfig, trust_remote_code: bool = False) -> nn.Module:
-    """The policy model of ``path`` in float32 (unsharded)."""
-    return AutoModelForCausalLM.from_pretrained(
+def _from_pretrained(
+    auto_class: type, path: str, fsdp: FSDPConfig, trust_remote_code: bool
+) -> PreTrainedModel:
+    register_packed_sdpa()
+    return auto_class.from_pretrained(
         path,
         dtype=torch.float32,
         attn_implementation=fsdp.attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+
+
+def load_causal_lm(path: str, fsdp: FSDPConfig, trust_remote_code: bool = False) -> nn.Module:
+    """The policy model of ``path`` in float32 (unsharded)."""
+    return _from_pretrained(AutoModelForCausalLM, path, fsdp, trust_remote_code)
 
 
 def load_value_model(path: str, fsdp: FSDPConfig, trust_remote_code: bool = False) -> ValueModel:
     """The backbone of the causal LM at ``path`` with a fresh value head (unsharded)."""
-    backbone = AutoModel.from_pretrained(
-        path,
-        dtype=torch.float32,
-        attn_implementation=fsdp.attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
-    return ValueModel(backbone)
+    return ValueModel(_from_pretrained(AutoModel, path, fsdp, trust_remote_code))
 
 
 def add_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:

@@ -250,8 +250,13 @@ def test_checkpoint_resume_reproduces_next_steps_and_hf_export_loads(
             atol=2e-5,
         )
 
-    # A fresh group (new processes) resumes from the checkpoint.
-    resumed = ActorGroup(actor_config(), str(tiny_checkpoint), total_training_steps=TOTAL_STEPS)
+    # A fresh group (new processes) resumes from the checkpoint. It keeps each layer's
+    # gathered parameters from forward to backward and attends with masked SDPA over
+    # each whole packed micro-batch: the same steps must follow.
+    config = actor_config()
+    config.fsdp.reshard_after_forward = False
+    config.fsdp.attn_implementation = "sdpa"
+    resumed = ActorGroup(config, str(tiny_checkpoint), total_training_steps=TOTAL_STEPS)
     try:
         extra = resumed.load_checkpoint(str(tmp_path / "ckpt"))
         after = [step(resumed, 20), step(resumed, 21)]

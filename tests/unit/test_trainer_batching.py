@@ -86,6 +86,8 @@ def test_packing_drops_padding_and_maps_outputs_to_response_columns():
     packed = pack_rows(batch["input_ids"], batch["attention_mask"], 5)
     assert packed.input_ids.shape == (1, int(batch["attention_mask"].sum()))
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]]
+    assert packed.cu_seq_lens.tolist() == [0, 5, 12, 18]
+    assert packed.attention_kwargs()["max_length_q"] == 7
     # Output k predicts the next packed token, which is the target response token.
     assert torch.equal(packed.input_ids[0, packed.output_index + 1], packed.target_ids)
     scattered = packed.scatter(packed.target_ids.float())
