@@ -140,7 +140,6 @@ class PackedRows:
     cu_seq_lens: Tensor  # [rows + 1] int32: where each row's tokens start, then N
     num_rows: int
     response_width: int
-    max_length: int  # tokens of the longest row
 
     def to(self, device: torch.device) -> PackedRows:
         """The same packing with its tensors on ``device``."""
@@ -148,18 +147,18 @@ class PackedRows:
             *(getattr(self, f).to(device) for f in _TENSOR_FIELDS),
             num_rows=self.num_rows,
             response_width=self.response_width,
-            max_length=self.max_length,
         )
 
     def attention_kwargs(self) -> dict[str, Tensor | int]:
         """The rows' spans as the model forward's variable-length attention keywords
         (read by ``packed_sdpa`` and flash-attention; other kernels use the mask that
         ``position_ids`` imply)."""
+        longest = int(self.cu_seq_lens.diff().max())
         return {
             "cu_seq_lens_q": self.cu_seq_lens,
             "cu_seq_lens_k": self.cu_seq_lens,
-            "max_length_q": self.max_length,
-            "max_length_k": self.max_length,
+            "max_length_q": longest,
+            "max_length_k": longest,
         }
 
     def scatter(self, values: Tensor) -> Tensor:
@@ -214,5 +213,4 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) ->
         cu_seq_lens=torch.tensor(starts, dtype=torch.int32),
         num_rows=input_ids.shape[0],
         response_width=response_width,
-        max_length=max(len(row_ids) for row_ids in ids),
     )
