@@ -80,7 +80,7 @@ def make_batch(vocab_size: int, seed: int = 0) -> dict:
     }
 
 
-def _actor_config(overrides: dict[str, object]):
+def _recipe_config(overrides: dict[str, object]):
     from agentrl.config import load_config
 
     return load_config(str(RECIPE), [f"workers.actor.{k}={v}" for k, v in overrides.items()])
@@ -93,7 +93,7 @@ def time_setting(name: str, model_path: str, repeats: int) -> dict:
     from agentrl.trainer import ActorGroup
     from agentrl.trainer.losses import make_actor_loss
 
-    cfg = _actor_config(SETTINGS[name])
+    cfg = _recipe_config(SETTINGS[name])
     loss_fn = make_actor_loss(cfg.algorithm)
     group = ActorGroup(cfg.workers.actor, model_path, total_training_steps=repeats + 1)
     try:
