@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentrl.chat_template import ChatTemplate, text_encoder
+from agentrl.chat_template import ChatTemplate, text_decoder, text_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class ChatRenderer:
         )
         self._eos_text = tokenizer.eos_token or ""
         self._encode = text_encoder(tokenizer)
+        self._decode = text_decoder(tokenizer)
         # Read once: attribute access on transformers tokenizers is slow.
         self.eos_token_id: int | None = tokenizer.eos_token_id
 
@@ -85,6 +86,10 @@ class ChatRenderer:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
         return self._encode(text)
+
+    def decode_text(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids``, special tokens included (a model turn, for parsing)."""
+        return self._decode(token_ids)
 
     def encode_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool):
         """Token ids of the template's render of ``messages`` (synchronous)."""

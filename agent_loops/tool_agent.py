@@ -61,7 +61,7 @@ class ToolAgentLoop(AgentLoopBase):
         kept) gets every new message; ``metrics`` the turn, time and tool-call counts."""
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
-        decode, eos, perf_counter = self.tokenizer.decode, renderer.eos_token_id, time.perf_counter
+        decode, eos, perf_counter = renderer.decode_text, renderer.eos_token_id, time.perf_counter
         budget = config.max_response_length
         limit, side = config.max_tool_response_length, config.tool_response_truncate_side
         response = trajectory.response_ids  # grows in place as turns are added

@@ -59,6 +59,30 @@ def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     return through_transformers
 
 
+def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """``ids -> text`` with special tokens kept; the Rust tokenizer called directly when
+    it agrees with ``tokenizer.decode`` (transformers checks every id in Python first,
+    which doubles the cost of decoding a long turn).
+    """
+
+    def through_transformers(ids: list[int]) -> str:
+        return tokenizer.decode(ids)
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        return through_transformers
+
+    def direct(ids: list[int]) -> str:
+        return backend.decode(ids, skip_special_tokens=False)
+
+    specials = "".join(tokenizer.all_special_tokens)
+    texts = [f' a  b\n\n{specials}x ü 😀 <tool_call>{{"k": 1}}</tool_call>\t', " lead , .", ""]
+    probes = [backend.encode(text, add_special_tokens=False).ids for text in texts]
+    if all(direct(ids) == through_transformers(ids) for ids in probes):
+        return direct
+    return through_transformers
+
+
 class TemplateError(ValueError):
     """The chat template cannot render these messages, or no append-only delta exists."""
 

@@ -3,7 +3,9 @@
 A null engine answers instantly (turns 1-3: a Hermes tool call, turn 4: a final answer),
 so the measured time is the orchestration itself: chat-template deltas, parsing, tool
 dispatch, trajectory bookkeeping. Both sides do the same engine calls, the same tool
-calls and the same tokenizer work; the bare side writes it inline with no framework.
+calls and the same tokenizer work, and keep the same training sample (token ids, loss
+mask, logprobs, policy versions); the bare side writes it inline with no framework: no
+episode timeout, concurrency limit, failure capture, turn or length limits, or metrics.
 
     .venv/bin/python bench/agent_loop_overhead.py [--loops 1000 10000]
 
@@ -124,26 +126,37 @@ async def _framework(worker: AgentLoopWorker, loops: int) -> Timing:
 
 async def _bare_episode(
     client, renderer: ChatRenderer, tools, parser, session: str
-) -> tuple[int, list[int]]:
+) -> tuple[int, list[list]]:
     """The same work as ToolAgentLoop, written inline: no builder, no metrics, no limits.
 
-    Returns the turn count and the conversation's token ids (the least a rollout keeps).
+    Returns the turn count and what a training sample needs, as plain lists: prompt ids,
+    response ids, and per response token the loss mask, the engine's logprob and the
+    policy version (the framework's ``AgentLoopOutput`` carries the same).
     """
-    tokenizer = renderer.tokenizer
-    ids = await renderer.encode_prompt([{"role": "user", "content": "Echo one."}])
+    prompt = await renderer.encode_prompt([{"role": "user", "content": "Echo one."}])
+    ids, response, mask, logprobs, versions = prompt, [], [], [], []
     executor = ToolCallExecutor(tools, 4, 30.0)
     turns = 0
     while True:
         out = await client.generate(session, ids, SamplingParams(max_tokens=64))
         ids = ids + out.token_ids
+        response += out.token_ids
+        mask += [1] * len(out.token_ids)
+        logprobs += out.logprobs
+        versions += out.token_versions
         turns += 1
-        parsed = parser.parse(tokenizer.decode(out.token_ids[:-1]))
+        parsed = parser.parse(renderer.decode_text(out.token_ids[:-1]))
         if not parsed.calls:
             await executor.release()
-            return turns, ids
+            return turns, [prompt, response, mask, logprobs, versions]
         results = await executor.run_turn(parsed)
         messages = [{"role": "tool", "content": r.text} for r in results]
-        ids = ids + await renderer.encode_delta(messages, True)
+        delta = await renderer.encode_delta(messages, True)
+        ids = ids + delta
+        response += delta
+        mask += [0] * len(delta)
+        logprobs += [0.0] * len(delta)
+        versions += [-1] * len(delta)
 
 
 async def _bare(worker: AgentLoopWorker, loops: int) -> Timing:
@@ -159,6 +172,17 @@ async def _bare(worker: AgentLoopWorker, loops: int) -> Timing:
     elapsed = _since(start)
     assert [turns for turns, _ in episodes] == [TURNS] * loops
     return elapsed
+
+
+async def _same_sample(worker: AgentLoopWorker) -> bool:
+    """Whether one episode of each side yields the same training sample, token for token."""
+    rows = [{"prompt": [{"role": "user", "content": "Echo one."}]}]
+    request = make_requests(rows, n=1, sampling=SamplingParams(max_tokens=64))[0]
+    out = (await worker.run_episode(request)).outputs[0]
+    parser = get_tool_parser("hermes")
+    _, bare = await _bare_episode(worker.client, worker.renderer, worker.tools, parser, "check")
+    framework = [out.prompt_ids, out.response_ids, out.response_mask]
+    return bare == [*framework, out.response_logprobs, out.response_versions]
 
 
 def _measure(tokenizer, model_path: str, loops: int, repeats: int) -> Measurement:
@@ -183,6 +207,7 @@ def _measure(tokenizer, model_path: str, loops: int, repeats: int) -> Measuremen
             tools={"echo": EchoTool(tool_schema=ECHO)},
             tokenizer=tokenizer,
         )
+        assert asyncio.run(_same_sample(worker)), "the two sides differ in what they keep"
         sides = [_framework, _bare] if repeat % 2 == 0 else [_bare, _framework]
         timings = {}
         for side in sides:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.chat_template import ChatTemplate, TemplateError, text_encoder
+from agentrl.chat_template import ChatTemplate, TemplateError, text_decoder, text_encoder
 from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 TOOLS = [ADD_TOOL_SCHEMA]
@@ -140,3 +140,26 @@ def test_text_encoder_falls_back_when_the_backend_disagrees(tokenizer):
 
     encode = text_encoder(Shouting())
     assert encode("abc") == tokenizer.encode("ABC", add_special_tokens=False)
+
+
+def test_text_decoder_matches_the_tokenizer(tokenizer):
+    decode = text_decoder(tokenizer)
+    texts = [*CONTENTS, tokenizer.eos_token + "\n<|im_start|>user\n", "a , b . c ! ?"]
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert decode(ids) == tokenizer.decode(ids)
+    assert tokenizer.eos_token in decode([tokenizer.eos_token_id])
+
+
+def test_text_decoder_falls_back_when_the_backend_disagrees(tokenizer):
+    class CleaningUp:
+        """A tokenizer whose Python layer rewrites the backend's text (" ," -> ",")."""
+
+        _tokenizer = tokenizer._tokenizer
+        all_special_tokens = tokenizer.all_special_tokens
+
+        def decode(self, ids):
+            return tokenizer.decode(ids).replace(" ,", ",").replace(" .", ".")
+
+    ids = tokenizer.encode("x , y .", add_special_tokens=False)
+    assert text_decoder(CleaningUp())(ids) == "x, y."
