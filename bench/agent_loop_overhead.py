@@ -207,6 +207,9 @@ def _measure(tokenizer, model_path: str, loops: int, repeats: int) -> Measuremen
             tools={"echo": EchoTool(tool_schema=ECHO)},
             tokenizer=tokenizer,
         )
+        # Also warms the new worker's chat-template cache, so neither side pays the first
+        # renders (10k episodes that start together would all miss it and go to the
+        # template thread).
         assert asyncio.run(_same_sample(worker)), "the two sides differ in what they keep"
         sides = [_framework, _bare] if repeat % 2 == 0 else [_bare, _framework]
         timings = {}
