@@ -24,17 +24,33 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tokenizers import Tokenizer
 
 Message = dict[str, Any]
+T = TypeVar("T")
+U = TypeVar("U")
 
 # A fixed conversation to diff against: the delta of new messages is what the template
 # adds after a finished assistant turn.
 _BASE: list[Message] = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 _ANSWER = _BASE[-1]["content"]
 _MAX_CACHED_SHAPES = 4096
+
+
+def _probe_texts(tokenizer: Any) -> list[str]:
+    """Texts on which the Rust tokenizer must agree with transformers' Python layer:
+    special tokens, whitespace runs, non-ASCII, markup, and spaces before punctuation."""
+    specials = "".join(tokenizer.all_special_tokens)
+    return [f' a  b\n\n{specials}x ü 😀 <tool_call>{{"k": 1}}</tool_call>\t', "", " lead , ."]
+
+
+def _direct_if_same(
+    direct: Callable[[T], U], fallback: Callable[[T], U], probes: list[T]
+) -> Callable[[T], U]:
+    """``direct`` if it returns what ``fallback`` returns on every probe, else ``fallback``."""
+    return direct if all(direct(p) == fallback(p) for p in probes) else fallback
 
 
 def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
@@ -52,11 +68,7 @@ def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     def direct(text: str) -> list[int]:
         return backend.encode(text, add_special_tokens=False).ids
 
-    specials = "".join(tokenizer.all_special_tokens)
-    probes = [f' a  b\n\n{specials}x ü 😀 <tool_call>{{"k": 1}}</tool_call>\t', "", " lead"]
-    if all(direct(text) == through_transformers(text) for text in probes):
-        return direct
-    return through_transformers
+    return _direct_if_same(direct, through_transformers, _probe_texts(tokenizer))
 
 
 def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
@@ -75,12 +87,10 @@ def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
     def direct(ids: list[int]) -> str:
         return backend.decode(ids, skip_special_tokens=False)
 
-    specials = "".join(tokenizer.all_special_tokens)
-    texts = [f' a  b\n\n{specials}x ü 😀 <tool_call>{{"k": 1}}</tool_call>\t', " lead , .", ""]
-    probes = [backend.encode(text, add_special_tokens=False).ids for text in texts]
-    if all(direct(ids) == through_transformers(ids) for ids in probes):
-        return direct
-    return through_transformers
+    probes = [
+        backend.encode(text, add_special_tokens=False).ids for text in _probe_texts(tokenizer)
+    ]
+    return _direct_if_same(direct, through_transformers, probes)
 
 
 class TemplateError(ValueError):
