@@ -44,6 +44,8 @@ from agentrl.tools.parsers import get_tool_parser
 
 RESULTS = Path(__file__).parent / "results" / "agent_loop_overhead.json"
 TURNS = 4
+PROMPT = [{"role": "user", "content": "Echo one."}]
+SAMPLING = SamplingParams(max_tokens=64)
 CALL = '<tool_call>\n{"name": "echo", "arguments": {"x": 1}}\n</tool_call>'
 ECHO = {
     "type": "function",
@@ -115,8 +117,7 @@ def _since(start: Timing) -> Timing:
 
 
 async def _framework(worker: AgentLoopWorker, loops: int) -> Timing:
-    rows = [{"prompt": [{"role": "user", "content": "Echo one."}]}] * loops
-    requests = make_requests(rows, n=1, sampling=SamplingParams(max_tokens=64))
+    requests = make_requests([{"prompt": PROMPT}] * loops, n=1, sampling=SAMPLING)
     start = _clock()
     results = await asyncio.gather(*(worker.run_episode(r) for r in requests))
     elapsed = _since(start)
@@ -133,12 +134,12 @@ async def _bare_episode(
     response ids, and per response token the loss mask, the engine's logprob and the
     policy version (the framework's ``AgentLoopOutput`` carries the same).
     """
-    prompt = await renderer.encode_prompt([{"role": "user", "content": "Echo one."}])
+    prompt = await renderer.encode_prompt(PROMPT)
     ids, response, mask, logprobs, versions = prompt, [], [], [], []
     executor = ToolCallExecutor(tools, 4, 30.0)
     turns = 0
     while True:
-        out = await client.generate(session, ids, SamplingParams(max_tokens=64))
+        out = await client.generate(session, ids, SAMPLING)
         ids = ids + out.token_ids
         response += out.token_ids
         mask += [1] * len(out.token_ids)
@@ -176,8 +177,7 @@ async def _bare(worker: AgentLoopWorker, loops: int) -> Timing:
 
 async def _same_sample(worker: AgentLoopWorker) -> bool:
     """Whether one episode of each side yields the same training sample, token for token."""
-    rows = [{"prompt": [{"role": "user", "content": "Echo one."}]}]
-    request = make_requests(rows, n=1, sampling=SamplingParams(max_tokens=64))[0]
+    request = make_requests([{"prompt": PROMPT}], n=1, sampling=SAMPLING)[0]
     out = (await worker.run_episode(request)).outputs[0]
     parser = get_tool_parser("hermes")
     _, bare = await _bare_episode(worker.client, worker.renderer, worker.tools, parser, "check")
