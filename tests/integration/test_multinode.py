@@ -14,7 +14,9 @@ instance on the machine, including other test runs').
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,10 +41,30 @@ NODE_IP = "127.0.0.2"
 RAY = Path(sys.executable).with_name("ray")
 
 
+# Below the kernel's ephemeral range (32768+ by default) and above Ray's worker ports
+# (10002-19999): a port picked there cannot be taken by some process's outgoing connection
+# between the pick and Ray's bind.
+PORT_RANGE = range(20000, 32000)
+_taken: set[int] = set()
+
+
+def _bindable(port: int) -> bool:
+    for host in (NODE_IP, "0.0.0.0"):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((NODE_IP, 0))
-        return sock.getsockname()[1]
+    """A port no process binds now and no earlier call of this module returned."""
+    while True:
+        port = random.choice(PORT_RANGE)
+        if port not in _taken and _bindable(port):
+            _taken.add(port)
+            return port
 
 
 def _node_ports() -> list[str]:
@@ -83,22 +106,38 @@ class LocalCluster:
     def _ray_start(self, name: str, *args: str) -> None:
         temp_dir = self.root / name
         temp_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.root / f"{name}.log").open("w")
         command = [str(RAY), "start", "--block", f"--temp-dir={temp_dir}", *args, *_node_ports()]
-        self.processes.append(
-            subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        with (self.root / f"{name}.log").open("w") as log:
+            self.processes.append(
+                subprocess.Popen(
+                    command,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             )
-        )
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"`ray start` exited with {process.returncode}")
 
     def _healthy(self) -> bool:
         """The head's `ray start` is alive and its GCS port accepts connections."""
-        for process in self.processes:
-            if process.poll() is not None:
-                raise RuntimeError(f"`ray start` exited with {process.returncode}; see {self.root}")
+        self._check_alive()
         with socket.socket() as sock:
             sock.settimeout(1)
             return sock.connect_ex((NODE_IP, self.port)) == 0
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last lines of each node's `ray start` output (it quotes the log of a Ray
+        subprocess that died), so a start-up failure on a CI machine says why."""
+        tails = []
+        for log in sorted(self.root.glob("*.log")):
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {log.name} ---\n" + "\n".join(text))
+        return "\n".join(tails)
 
     @staticmethod
     def _wait(ready, timeout_s: float, what: str) -> None:
@@ -108,8 +147,15 @@ class LocalCluster:
                 raise TimeoutError(f"{what} not up after {timeout_s:.0f}s")
             time.sleep(0.5)
 
-    def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
-        self._wait(lambda: len([n for n in ray.nodes() if n["Alive"]]) >= count, timeout_s, "nodes")
+    def connect(self, timeout_s: float = 60.0) -> None:
+        """Join the cluster as its driver and wait until both nodes are alive in it."""
+        ray.init(address=self.address, namespace="agentrl", log_to_driver=False)
+
+        def both_alive() -> bool:
+            self._check_alive()
+            return len([n for n in ray.nodes() if n["Alive"]]) >= 2
+
+        self._wait(both_alive, timeout_s, "nodes")
 
     def stop(self) -> None:
         """SIGTERM each ``ray start --block`` (it stops its node), then kill what is left."""
@@ -124,6 +170,28 @@ class LocalCluster:
                 process.wait(timeout=10)
 
 
+def _start_cluster(attempts: int = 2) -> LocalCluster:
+    """Start the two nodes; a start-up failure is retried once on new ports and temp dirs
+    (the cluster is this test's scaffolding, not what it tests), with a warning that quotes
+    the failed nodes' output."""
+    for attempt in itertools.count(1):
+        # Short: Ray's socket paths under the temp dir must stay within 107 bytes.
+        local = LocalCluster(Path(tempfile.mkdtemp(prefix="agentrl-ray-")))
+        try:
+            local.start()
+            local.connect()
+            return local
+        except (RuntimeError, TimeoutError, ConnectionError) as error:
+            ray.shutdown()
+            local.stop()
+            failure = f"local Ray cluster did not start (attempt {attempt}): {error}\n"
+            failure += local.log_tail()
+            shutil.rmtree(local.root, ignore_errors=True)
+            if attempt == attempts:
+                raise RuntimeError(failure) from error
+            warnings.warn(failure, stacklevel=2)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if not RAY.exists():
@@ -135,14 +203,9 @@ def cluster():
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_AUTH_MODE", "token")
     ray._raylet.Config.initialize("")
-    # Short: Ray's socket paths under the temp dir must stay within 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="agentrl-ray-"))
-    local = LocalCluster(root)
+    ray.shutdown()  # an earlier module's local instance, if any
+    local = _start_cluster()
     try:
-        local.start()
-        ray.shutdown()  # an earlier module's local instance, if any
-        ray.init(address=local.address, namespace="agentrl", log_to_driver=False)
-        local.wait_for_nodes(2)
         yield local
     finally:
         if ray.is_initialized():
@@ -150,7 +213,7 @@ def cluster():
             ray.shutdown()
         local.stop()
         mp.undo()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(local.root, ignore_errors=True)
 
 
 def _node_of(actor: ray.actor.ActorHandle) -> str:
