@@ -42,7 +42,6 @@ def packed_sdpa_forward(
         )
     if query.shape[0] != 1 or kwargs.get("sliding_window") is not None:
         raise ValueError("packed_sdpa takes one packed row without sliding-window attention")
-    spans = [(s, e) for s, e in pairwise(cu_seq_lens_q.tolist()) if e > s]
     outputs = [
         sdpa_attention_forward(
             module,
@@ -54,9 +53,25 @@ def packed_sdpa_forward(
             scaling,
             is_causal=True,
         )[0]
-        for s, e in spans
+        for s, e in _spans(cu_seq_lens_q)
     ]
     return torch.cat(outputs, dim=1), None
+
+
+# Every layer of one forward gets the same ``cu_seq_lens_q``, and reading it to the host is
+# a device sync on GPU: the spans are read once per forward. Read and replaced as a whole,
+# so ranks running as threads of one process cannot see each other's half-updated entry.
+_last_spans: tuple[Tensor, list[tuple[int, int]]] | None = None
+
+
+def _spans(cu_seq_lens: Tensor) -> list[tuple[int, int]]:
+    """The non-empty ``(start, end)`` spans of ``cu_seq_lens``."""
+    global _last_spans
+    cached = _last_spans
+    if cached is None or cached[0] is not cu_seq_lens:
+        spans = [(s, e) for s, e in pairwise(cu_seq_lens.tolist()) if e > s]
+        cached = _last_spans = (cu_seq_lens, spans)
+    return cached[1]
 
 
 def register_packed_sdpa() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -86,3 +88,32 @@ def test_gradients_match_masked_sdpa(models):
     scale = float(grads["sdpa"].abs().max())
     assert scale > 0.1
     torch.testing.assert_close(grads[PACKED_SDPA], grads["sdpa"], rtol=0, atol=1e-4 * scale)
+
+
+def test_spans_are_read_once_per_forward_and_not_reused_for_the_next_packing(models):
+    """Every layer gets the same ``cu_seq_lens_q``: one host read per forward (a device
+    sync on GPU), and a new packing with other spans is read anew."""
+    reads = []
+
+    class CountedLens(torch.Tensor):
+        def tolist(self):
+            reads.append(self)
+            return super().tolist()
+
+    rows = _rows(models["sdpa"].config.vocab_size)
+    assert models[PACKED_SDPA].config.num_hidden_layers >= 2
+    for order in ([0, 1, 2], [2, 1, 0]):  # spans 9/1/14, then 14/1/9
+        packed = pack_rows(rows["input_ids"][order], rows["attention_mask"][order], 8)
+        packed = replace(packed, cu_seq_lens=packed.cu_seq_lens.as_subclass(CountedLens))
+        with torch.no_grad():
+            logits = models[PACKED_SDPA](
+                input_ids=packed.input_ids,
+                position_ids=packed.position_ids,
+                use_cache=False,
+                **packed.attention_kwargs(),
+            ).logits[0]
+            masked = models["sdpa"](
+                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
+            ).logits[0]
+        torch.testing.assert_close(logits, masked, rtol=0, atol=5e-5)
+    assert len(reads) == 2 and reads[0] is not reads[1]
