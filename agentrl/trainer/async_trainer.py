@@ -23,11 +23,12 @@ from typing import Any
 
 import ray
 
+from agentrl.algos import DynamicSampler
 from agentrl.rollout.episode import EpisodeRequest, make_requests
 from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.server.gateway.sink import queue_actor_name
 from agentrl.trainer.batch import Sample
-from agentrl.trainer.steps import informative_samples
+from agentrl.trainer.steps import sample_groups, sampled
 from agentrl.trainer.trainer import Trainer, timer
 
 logger = logging.getLogger(__name__)
@@ -98,9 +99,10 @@ class AsyncTrainer(Trainer):
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
         """Dynamic sampling drops uninformative groups; the producer never regenerates."""
-        kept, dropped = informative_samples(samples)
-        metrics["dapo/filtered_groups"] = float(dropped)
-        return kept
+        groups = len({s.group_id for s in samples})
+        sampler: DynamicSampler[list[Sample]] = DynamicSampler(num_groups=max(groups, 1))
+        sample_groups(sampler, samples)
+        return sampled(sampler, metrics)
 
     async def _produce(self, queue: ray.actor.ActorHandle) -> None:
         """Start groups as the staleness rule allows; put each episode when it finishes."""

@@ -17,12 +17,12 @@ from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.algos import (
     AdvantageInputs,
     AlgorithmConfig,
+    DynamicSampler,
     KLController,
     apply_kl_penalty,
     compute_advantages,
     compute_mismatch_metrics,
     compute_rollout_is_weights,
-    filter_groups,
     overlong_penalty,
     scores_to_token_rewards,
 )
@@ -152,18 +152,18 @@ def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, fl
     return metrics
 
 
-def informative_samples(samples: list[Sample]) -> tuple[list[Sample], int]:
-    """DAPO dynamic sampling: drop groups whose samples all got the same score.
+def sample_groups(sampler: DynamicSampler[list[Sample]], samples: list[Sample]) -> None:
+    """Give one generation batch to a DAPO dynamic ``sampler``, which keeps the groups
+    whose samples did not all get the same score (may raise its ``DynamicSamplingError``)."""
+    scores = torch.tensor([s.score for s in samples], dtype=torch.float64)
+    sampler.add(samples, scores, [s.group_id for s in samples])
 
-    Returns the kept samples and the number of groups dropped.
-    """
-    if not samples:
-        return samples, 0
-    scores = torch.tensor([s.score for s in samples])
-    keep = filter_groups(scores, [s.group_id for s in samples]).tolist()
-    kept = [s for s, k in zip(samples, keep, strict=True) if k]
-    dropped = len({s.group_id for s in samples}) - len({s.group_id for s in kept})
-    return kept, dropped
+
+def sampled(sampler: DynamicSampler[list[Sample]], metrics: dict[str, float]) -> list[Sample]:
+    """The samples ``sampler`` kept, in arrival order, with its counts added to ``metrics``
+    as ``dapo/*``; the sampler starts over."""
+    metrics |= {f"dapo/{name}": value for name, value in sampler.metrics().items()}
+    return [samples[i] for samples, rows in sampler.take() for i in rows.tolist()]
 
 
 def add_advantages(

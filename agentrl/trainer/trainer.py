@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from transformers import AutoTokenizer
 
+from agentrl.algos import DynamicSampler, DynamicSamplingError
 from agentrl.config import AgentRLConfig
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
@@ -38,7 +39,8 @@ from agentrl.trainer.samples import write_samples
 from agentrl.trainer.steps import (
     add_advantages,
     apply_rollout_correction,
-    informative_samples,
+    sample_groups,
+    sampled,
     score_episodes,
     staleness_metrics,
 )
@@ -252,20 +254,21 @@ class Trainer:
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
         """DAPO dynamic sampling: keep groups whose scores differ, generating more rows
-        until ``train_batch_size`` groups are kept or ``max_num_gen_batches`` is reached."""
-        wanted = self.cfg.data.train_batch_size
-        limit = self.cfg.algorithm.dynamic_sampling.max_num_gen_batches
-        kept, dropped = informative_samples(samples)
-        batches = 1
-        while len({s.group_id for s in kept}) < wanted and (not limit or batches < limit):
-            episodes, row_of = await self.generate(self.loader.next_batch())
-            more, _ = await score_episodes(episodes, row_of, self.rewards, self.tokenizer)
-            more, more_dropped = informative_samples(more)
-            kept, dropped, batches = kept + more, dropped + more_dropped, batches + 1
-        groups = list(dict.fromkeys(s.group_id for s in kept))[:wanted]
-        metrics["dapo/filtered_groups"] = float(dropped)
-        metrics["dapo/gen_batches"] = float(batches)
-        return [s for s in kept if s.group_id in set(groups)]
+        until ``train_batch_size`` groups are kept or ``max_num_gen_batches`` is reached
+        (then the step goes on with the groups kept so far, with a warning)."""
+        sampler: DynamicSampler[list[Sample]] = DynamicSampler(
+            num_groups=self.cfg.data.train_batch_size,
+            max_num_gen_batches=self.cfg.algorithm.dynamic_sampling.max_num_gen_batches,
+        )
+        try:
+            sample_groups(sampler, samples)
+            while not sampler.is_full:
+                episodes, row_of = await self.generate(self.loader.next_batch())
+                more, _ = await score_episodes(episodes, row_of, self.rewards, self.tokenizer)
+                sample_groups(sampler, more)
+        except DynamicSamplingError as error:
+            logger.warning("step %d: %s", self.step + 1, error)
+        return sampled(sampler, metrics)
 
     async def push_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout replica as the next version."""

@@ -72,7 +72,7 @@ async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
     for h in history:
         assert np.isfinite(h["critic/value_loss"]) and np.isfinite(h["actor/loss"])
         assert "actor/reward_kl_coef" in h
-        assert h["dapo/gen_batches"] >= 1
+        assert h["dapo/num_gen_batches"] >= 1
     # The KL penalty starts at 0 (policy == reference) and grows once the policy moves.
     assert history[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert history[-1]["actor/reward_kl_penalty"] > 0
