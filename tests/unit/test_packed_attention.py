@@ -33,9 +33,9 @@ def _rows(vocab: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids * attention, "attention_mask": attention}
 
 
-def test_packed_rows_match_each_row_run_alone(models):
-    rows = _rows(models["sdpa"].config.vocab_size)
-    packed = pack_rows(rows["input_ids"], rows["attention_mask"], response_width=8)
+def _packed_and_masked_logits(models, packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the packed row with ``packed_sdpa`` (given the spans) and with ``sdpa``
+    (the block-diagonal mask its position ids imply)."""
     with torch.no_grad():
         logits = models[PACKED_SDPA](
             input_ids=packed.input_ids,
@@ -46,6 +46,14 @@ def test_packed_rows_match_each_row_run_alone(models):
         masked = models["sdpa"](
             input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
         ).logits[0]
+    return logits, masked
+
+
+def test_packed_rows_match_each_row_run_alone(models):
+    rows = _rows(models["sdpa"].config.vocab_size)
+    packed = pack_rows(rows["input_ids"], rows["attention_mask"], response_width=8)
+    logits, masked = _packed_and_masked_logits(models, packed)
+    with torch.no_grad():
         alone = torch.cat(
             [
                 models["sdpa"](input_ids=rows["input_ids"][r, m.bool()][None]).logits[0]
@@ -105,15 +113,6 @@ def test_spans_are_read_once_per_forward_and_not_reused_for_the_next_packing(mod
     for order in ([0, 1, 2], [2, 1, 0]):  # spans 9/1/14, then 14/1/9
         packed = pack_rows(rows["input_ids"][order], rows["attention_mask"][order], 8)
         packed = replace(packed, cu_seq_lens=packed.cu_seq_lens.as_subclass(CountedLens))
-        with torch.no_grad():
-            logits = models[PACKED_SDPA](
-                input_ids=packed.input_ids,
-                position_ids=packed.position_ids,
-                use_cache=False,
-                **packed.attention_kwargs(),
-            ).logits[0]
-            masked = models["sdpa"](
-                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
-            ).logits[0]
+        logits, masked = _packed_and_masked_logits(models, packed)
         torch.testing.assert_close(logits, masked, rtol=0, atol=5e-5)
     assert len(reads) == 2 and reads[0] is not reads[1]
