@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,12 +33,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.local_env import use_local_defaults
+
 _ROOT = Path(__file__).resolve().parents[1]
 RESULTS = _ROOT / "bench" / "results" / "train_step.json"
 RECIPE = _ROOT / "recipes" / "retool" / "cpu.yaml"
-os.environ.setdefault("AGENTRL_CACHE", str(_ROOT / ".cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+use_local_defaults(_ROOT / ".cache")
 
 SETTINGS: dict[str, dict[str, object]] = {
     f"{kernel}_mb{tokens}": {

@@ -38,13 +38,11 @@ import statistics
 import time
 from pathlib import Path
 
+from agentrl.local_env import use_local_defaults
+
 RESULTS = Path(__file__).parent / "results" / "weight_swap_pause.json"
 _ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("AGENTRL_CACHE", str(_ROOT / ".cache"))
-os.environ.setdefault("VLLM_CACHE_ROOT", str(_ROOT / ".cache" / "vllm"))
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+use_local_defaults(_ROOT / ".cache")
 
 MODELS = {"tiny": "builtin:tiny-qwen2", "smollm2": "builtin:smollm2-135m-instruct"}
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 61, 12, 98]

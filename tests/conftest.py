@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-_CACHE = Path(os.environ.get("AGENTRL_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
-os.environ.setdefault("AGENTRL_CACHE", str(_CACHE))
-os.environ.setdefault("VLLM_CACHE_ROOT", str(_CACHE / "vllm"))
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from agentrl.local_env import use_local_defaults
+
+use_local_defaults(Path(__file__).resolve().parents[1] / ".cache")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
