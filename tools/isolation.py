@@ -171,7 +171,10 @@ def _bwrap_prefix(info: IsolationInfo, ro_binds: Sequence[str], tmpfs_bytes: int
     args = ["bwrap", *namespaces, "--die-with-parent", "--new-session"]
     for path in SYSTEM_DIRS:
         args += ["--ro-bind-try", path, path]
-    made: set[str] = set()
+    # The private /tmp first: a bind under /tmp (a venv there, say) must land on top of it,
+    # not be hidden by it.
+    args += ["--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", SANDBOX_WORKDIR]
+    made = {SANDBOX_WORKDIR}
     for path in sorted({os.path.realpath(p) for p in ro_binds}):
         if any(PurePosixPath(path).is_relative_to(d) for d in SYSTEM_DIRS):
             continue
@@ -181,7 +184,6 @@ def _bwrap_prefix(info: IsolationInfo, ro_binds: Sequence[str], tmpfs_bytes: int
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", SANDBOX_WORKDIR]
     return [*args, "--chdir", SANDBOX_WORKDIR]
 
 

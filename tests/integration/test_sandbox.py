@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 from agentrl.agent_loops.tool_calls import CallOutcome, CallResult, ToolCallExecutor
 from agentrl.tools import FunctionCall
 from agentrl.tools.code_interpreter import CodeInterpreterTool
-from agentrl.tools.isolation import Isolation, IsolationInfo, detect_isolation
+from agentrl.tools.isolation import Isolation, IsolationInfo, detect_isolation, interpreter_binds
 from agentrl.tools.parsers import ParsedTurn
 from agentrl.tools.sandbox import Sandbox, SandboxLimits, sandbox_slot, set_max_concurrency
 
@@ -245,15 +247,47 @@ for path in ({str(target)!r}, {str(repo_file)!r}, "/usr/escaped.txt"):
 
 
 async def test_working_directory_is_fresh_and_removed_afterwards(sandbox: Sandbox) -> None:
-    code = (
-        "import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))"
-    )
+    # Existence, not a listing: under bwrap, binds below /tmp (a venv there) show up in it.
+    code = "import os\nprint(os.getcwd(), os.path.exists('left.txt'))\nf = open('left.txt', 'w')"
     first = await sandbox.run(code)
     second = await sandbox.run(code)
-    assert first.stdout.split(" ", 1)[1] == second.stdout.split(" ", 1)[1] == "['left.txt']\n"
+    assert first.stdout.split(" ", 1)[1] == second.stdout.split(" ", 1)[1] == "False\n"
     workdir = first.stdout.split(" ", 1)[0]
     if (await _info(sandbox)).level is not Isolation.BWRAP:  # bwrap's tmpfs vanishes with it
         assert not Path(workdir).exists()
+
+
+async def test_a_directory_bound_under_tmp_is_not_hidden_by_the_private_tmp() -> None:
+    """bwrap's working directory is a private ``/tmp``; a read-only bind below ``/tmp`` (a
+    venv or an interpreter installed there) must stay visible on top of it."""
+    python = _working_python(Isolation.BWRAP)
+    if python is None:
+        pytest.skip("bwrap does not work on this machine")
+    shared = Path(tempfile.mkdtemp(prefix="agentrl-bind-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        data = shared / "data.txt"
+        data.write_text("from the host")
+        data.chmod(0o644)
+        binds = (*interpreter_binds(python), str(shared))
+        sandbox = Sandbox(
+            LIMITS, python=python, ro_binds=binds, isolation=Isolation.BWRAP, sandbox_uid=TEST_UID
+        )
+        code = f"""
+import pathlib
+print(pathlib.Path({str(data)!r}).read_text())
+pathlib.Path("written.txt").write_text("x")
+try:
+    pathlib.Path({str(shared / "escaped.txt")!r}).write_text("x")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+        result = await sandbox.run(code)
+        assert result.ok, result
+        assert result.stdout.splitlines() == ["from the host", "OSError"]
+        assert not (shared / "escaped.txt").exists()
+    finally:
+        shutil.rmtree(shared)
 
 
 async def test_cancelled_run_kills_the_process_group() -> None:
