@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Protocol
 
 import torch
@@ -140,6 +141,7 @@ class PackedRows:
     cu_seq_lens: Tensor  # [rows + 1] int32: where each row's tokens start, then N
     num_rows: int
     response_width: int
+    spans: tuple[tuple[int, int], ...]  # (start, end) of each non-empty row, on the host
 
     def to(self, device: torch.device) -> PackedRows:
         """The same packing with its tensors on ``device``."""
@@ -147,14 +149,17 @@ class PackedRows:
             *(getattr(self, f).to(device) for f in _TENSOR_FIELDS),
             num_rows=self.num_rows,
             response_width=self.response_width,
+            spans=self.spans,
         )
 
     def attention_kwargs(self) -> dict[str, Tensor | int]:
         """The rows' spans as the model forward's variable-length attention keywords
         (read by ``packed_sdpa`` and flash-attention; other kernels use the mask that
-        ``position_ids`` imply)."""
-        longest = int(self.cu_seq_lens.diff().max())
+        ``position_ids`` imply). ``packed_spans`` gives ``packed_sdpa`` the spans as host
+        integers, so no layer reads ``cu_seq_lens`` back from the device."""
+        longest = max((end - start for start, end in self.spans), default=0)
         return {
+            "packed_spans": self.spans,
             "cu_seq_lens_q": self.cu_seq_lens,
             "cu_seq_lens_k": self.cu_seq_lens,
             "max_length_q": longest,
@@ -213,4 +218,5 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, response_width: int) ->
         cu_seq_lens=torch.tensor(starts, dtype=torch.int32),
         num_rows=input_ids.shape[0],
         response_width=response_width,
+        spans=tuple((s, e) for s, e in pairwise(starts) if e > s),
     )

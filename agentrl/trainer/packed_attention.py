@@ -3,14 +3,15 @@
 The trainer packs a micro-batch's rows into one sequence (:func:`pack_rows`). With
 transformers' ``sdpa`` that pack gets a block-diagonal causal mask, and attention costs
 grow with the square of the whole pack's length. ``packed_sdpa`` runs causal SDPA on
-each sequence's own span, given by the ``cu_seq_lens_q`` that
-:meth:`PackedRows.attention_kwargs` passes through the model's forward (the same
-keyword flash-attention's variable-length kernels take), and concatenates the results.
-Without ``cu_seq_lens_q`` it is exactly ``sdpa`` (same mask, same kernel).
+each sequence's own span, given by the ``packed_spans`` (host integers) and
+``cu_seq_lens_q`` (the keyword flash-attention's variable-length kernels take) that
+:meth:`PackedRows.attention_kwargs` passes through the model's forward, and concatenates
+the results. Without ``cu_seq_lens_q`` it is exactly ``sdpa`` (same mask, same kernel).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -33,15 +34,22 @@ def packed_sdpa_forward(
     scaling: float | None = None,
     *,
     cu_seq_lens_q: Tensor | None = None,
+    packed_spans: Sequence[tuple[int, int]] | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Causal SDPA per packed sequence; ``query``/``key``/``value`` are ``[1, heads, N, d]``."""
+    """Causal SDPA per packed sequence; ``query``/``key``/``value`` are ``[1, heads, N, d]``.
+
+    ``packed_spans``: the sequences' ``(start, end)`` as host integers; without them they
+    are read from ``cu_seq_lens_q`` (in every layer: a device sync each on GPU).
+    """
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, **kwargs
         )
     if query.shape[0] != 1 or kwargs.get("sliding_window") is not None:
         raise ValueError("packed_sdpa takes one packed row without sliding-window attention")
+    if packed_spans is None:
+        packed_spans = [(s, e) for s, e in pairwise(cu_seq_lens_q.tolist()) if e > s]
     outputs = [
         sdpa_attention_forward(
             module,
@@ -53,25 +61,9 @@ def packed_sdpa_forward(
             scaling,
             is_causal=True,
         )[0]
-        for s, e in _spans(cu_seq_lens_q)
+        for s, e in packed_spans
     ]
     return torch.cat(outputs, dim=1), None
-
-
-# Every layer of one forward gets the same ``cu_seq_lens_q``, and reading it to the host is
-# a device sync on GPU: the spans are read once per forward. Read and replaced as a whole,
-# so ranks running as threads of one process cannot see each other's half-updated entry.
-_last_spans: tuple[Tensor, list[tuple[int, int]]] | None = None
-
-
-def _spans(cu_seq_lens: Tensor) -> list[tuple[int, int]]:
-    """The non-empty ``(start, end)`` spans of ``cu_seq_lens``."""
-    global _last_spans
-    cached = _last_spans
-    if cached is None or cached[0] is not cu_seq_lens:
-        spans = [(s, e) for s, e in pairwise(cu_seq_lens.tolist()) if e > s]
-        cached = _last_spans = (cu_seq_lens, spans)
-    return cached[1]
 
 
 def register_packed_sdpa() -> None:
