@@ -33,20 +33,21 @@ def _rows(vocab: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids * attention, "attention_mask": attention}
 
 
-def _packed_and_masked_logits(models, packed) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of the packed row with ``packed_sdpa`` (given the spans) and with ``sdpa``
-    (the block-diagonal mask its position ids imply)."""
+def _packed_logits(model, packed, attention: dict) -> torch.Tensor:
     with torch.no_grad():
-        logits = models[PACKED_SDPA](
+        return model(
             input_ids=packed.input_ids,
             position_ids=packed.position_ids,
             use_cache=False,
-            **packed.attention_kwargs(),
+            **attention,
         ).logits[0]
-        masked = models["sdpa"](
-            input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
-        ).logits[0]
-    return logits, masked
+
+
+def _packed_and_masked_logits(models, packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the packed row with ``packed_sdpa`` (given the spans) and with ``sdpa``
+    (the block-diagonal mask its position ids imply)."""
+    packed_logits = _packed_logits(models[PACKED_SDPA], packed, packed.attention_kwargs())
+    return packed_logits, _packed_logits(models["sdpa"], packed, {})
 
 
 def test_packed_rows_match_each_row_run_alone(models):
@@ -118,13 +119,7 @@ def test_spans_come_from_the_host_and_cu_seq_lens_alone_still_works(models):
         assert reads == []
         kwargs = packed.attention_kwargs()
         del kwargs["packed_spans"]
-        with torch.no_grad():
-            from_lens = models[PACKED_SDPA](
-                input_ids=packed.input_ids,
-                position_ids=packed.position_ids,
-                use_cache=False,
-                **kwargs,
-            ).logits[0]
+        from_lens = _packed_logits(models[PACKED_SDPA], packed, kwargs)
         torch.testing.assert_close(from_lens, logits, rtol=0, atol=0)
         assert len(reads) == models[PACKED_SDPA].config.num_hidden_layers
         reads.clear()
