@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.logging import RichHandler
 
 from agentrl.config import AgentRLConfig, ConfigError, describe_config, load_config
-from agentrl.models import resolve_model_path
+from agentrl.models import resolve_model_config
 from agentrl.placement import rollout_actor_resources
 
 logger = logging.getLogger("agentrl")
@@ -31,9 +31,7 @@ def _load(args: argparse.Namespace) -> AgentRLConfig:
         cfg.ray.address = args.address
     elif cfg.ray.address is None and os.environ.get("RAY_ADDRESS"):
         cfg.ray.address = os.environ["RAY_ADDRESS"]
-    cfg.model.path = resolve_model_path(cfg.model.path)
-    if cfg.model.tokenizer_path:
-        cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
+    cfg.model = resolve_model_config(cfg.model)
     return cfg
 
 

@@ -14,6 +14,10 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentrl.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,26 @@ def resolve_model_path(path: str) -> str:
     raise ValueError(
         f"unknown built-in model {path!r}; use builtin:tiny-qwen2 or builtin:smollm2-135m-instruct"
     )
+
+
+def resolve_model_config(model: ModelConfig) -> ModelConfig:
+    """A copy of ``model`` whose ``path`` and ``tokenizer_path`` are resolved.
+
+    The one place ``model.*`` names are resolved: the CLI, the Serve application builders
+    and the library entry points (``start_rollout_servers``, ``start_gateway``) call it,
+    so a config naming ``builtin:...`` works the same from all of them. Idempotent.
+    """
+    update = {"path": resolve_model_path(model.path)}
+    if model.tokenizer_path:
+        update["tokenizer_path"] = resolve_model_path(model.tokenizer_path)
+    return model.model_copy(update=update)
+
+
+def short_model_name(path: str) -> str:
+    """The model's own name: ``builtin:smollm2-135m-instruct`` -> ``smollm2-135m-instruct``,
+    ``Org/Model-1B`` -> ``Model-1B``, ``/ckpt/step_100/`` -> ``step_100``."""
+    name = path.removeprefix(BUILTIN_PREFIX).rstrip("/\\")
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or path
 
 
 def convert_smollm2(out_dir: Path) -> Path:

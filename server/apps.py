@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.serve import Application
 
 from agentrl.config import AgentRLConfig, ConfigError, load_config
-from agentrl.models import resolve_model_path
+from agentrl.models import resolve_model_config
 
 
 class AppArgs(BaseModel):
@@ -63,9 +63,7 @@ def load_app_config(args: dict[str, Any] | AppArgs) -> AgentRLConfig:
     cfg = load_config(parsed.config, overrides)
     if not cfg.model.path:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
-    cfg.model.path = resolve_model_path(cfg.model.path)
-    if cfg.model.tokenizer_path:
-        cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
+    cfg.model = resolve_model_config(cfg.model)
     return cfg
 
 
