@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.algos.config import AlgorithmConfig
@@ -64,8 +64,10 @@ class RouterConfig(_Section):
 
 
 class EngineConfig(_Section):
-    backend: Literal["vllm", "hf"] = Field(
-        "vllm", description="`vllm` (AsyncLLM) or `hf` (plain transformers, no vLLM needed)."
+    backend: Literal["vllm", "hf", "null"] = Field(
+        "vllm",
+        description="`vllm` (AsyncLLM), `hf` (plain transformers, no vLLM needed) or `null` "
+        "(no model: answers at once with `null_token_ids`, for benchmarks and load tests).",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size (GPUs).")
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens.")
@@ -95,6 +97,17 @@ class EngineConfig(_Section):
     hf_prefix_cache_entries: int = Field(
         64, ge=0, description="HFEngine: number of past sequences whose KV cache is kept."
     )
+    null_token_ids: list[int] = Field(
+        default_factory=lambda: list(range(1, 9)),
+        description="NullEngine (`backend=null`): the response of every request, cut to "
+        "max_tokens (repeated up to max_tokens with ignore_eos).",
+    )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _yaml_null_is_the_null_engine(cls, value: Any) -> Any:
+        """YAML and dotted overrides read a bare ``null`` as None: it names the null engine."""
+        return "null" if value is None else value
 
 
 class ServerConfig(_Section):

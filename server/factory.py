@@ -16,4 +16,8 @@ def create_engine(model: ModelConfig, engine: EngineConfig) -> RolloutEngine:
         from agentrl.server.hf_engine import HFEngine
 
         return HFEngine(model, engine)
-    raise ValueError(f"unknown engine backend {engine.backend!r}; use 'vllm' or 'hf'")
+    if engine.backend == "null":
+        from agentrl.server.null_engine import NullEngine
+
+        return NullEngine(model, engine)
+    raise ValueError(f"unknown engine backend {engine.backend!r}; use 'vllm', 'hf' or 'null'")
