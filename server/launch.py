@@ -3,15 +3,75 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import ray
 from ray import serve
+from ray.serve import Application
 
 from agentrl.config import ModelConfig, RayConfig, ServerConfig
+from agentrl.models import resolve_model_config
 from agentrl.server.client import ServerClient
 from agentrl.server.deployment import DEPLOYMENT_NAME, build_rollout_app
 
 logger = logging.getLogger(__name__)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
+
+
+class DeploymentError(RuntimeError):
+    """A Serve application did not start; the message carries its replicas' own error."""
+
+    def __init__(self, app_name: str, cause: str, details: str) -> None:
+        super().__init__(
+            f"deploying Serve application {app_name!r} failed: {cause}"
+            + (f"\n\n{details}" if details else "")
+        )
+        self.app_name = app_name
+        self.cause = cause
+        self.details = details
+
+
+def _last_exception_line(text: str) -> str | None:
+    """The final ``SomeError: message`` line of a traceback text, if any."""
+    lines = [line for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+    return lines[-1].strip() if lines else None
+
+
+def deployment_failure(app_name: str, fallback: str) -> DeploymentError:
+    """A ``DeploymentError`` for ``app_name`` from ``serve.status()``: the failing
+    deployments' messages (a replica's constructor traceback) and their last exception
+    line as the cause. ``fallback`` is used when the status says nothing more."""
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception as exc:  # the controller itself may be gone
+        logger.debug("serve.status() failed: %s", exc)
+        app = None
+    details, causes = [], []
+    if app is not None:
+        for name, deployment in app.deployments.items():
+            message = _ANSI.sub("", deployment.message or "").strip()
+            if not message or deployment.status == "HEALTHY":
+                continue
+            status = getattr(deployment.status, "value", deployment.status)
+            details.append(f"deployment {name} ({status}): {message}")
+            line = _last_exception_line(message)
+            if line:
+                causes.append(line)
+        if not details and app.message:
+            details.append(_ANSI.sub("", app.message).strip())
+    cause = "; ".join(dict.fromkeys(causes)) or fallback
+    return DeploymentError(app_name, cause, "\n".join(details))
+
+
+def run_application(app: Application, name: str, route_prefix: str | None) -> None:
+    """``serve.run`` that raises ``DeploymentError`` naming the replicas' own error
+    (``serve.run`` alone says only that the deployment failed)."""
+    try:
+        serve.run(app, name=name, route_prefix=route_prefix)
+    except RuntimeError as exc:
+        raise deployment_failure(name, str(exc)) from exc
 
 
 def init_ray(cfg: RayConfig) -> None:
@@ -32,8 +92,12 @@ def start_rollout_servers(
 ) -> ServerClient:
     """Deploy ``server.num_replicas`` rollout replicas; returns a client once all are up.
 
-    ``actor_resources``: custom Ray resources per replica (pins replicas to rollout nodes).
+    ``model.path`` may be anything the CLI accepts (an HF id, a directory or
+    ``builtin:<name>``). ``actor_resources``: custom Ray resources per replica (pins
+    replicas to rollout nodes). A replica that fails to start raises ``DeploymentError``
+    with the replica's own error (e.g. a model path that does not load).
     """
+    model = resolve_model_config(model)
     serve.start(http_options={"host": server.http_host, "port": server.http_port})
     logger.info(
         "starting %d %s rollout replica(s) of %s (router: %s)",
@@ -43,7 +107,7 @@ def start_rollout_servers(
         server.router.policy,
     )
     app = build_rollout_app(model, server, actor_resources)
-    serve.run(app, name=server.name, route_prefix=None)
+    run_application(app, server.name, route_prefix=None)
     return ServerClient.connect(
         server.name,
         DEPLOYMENT_NAME,

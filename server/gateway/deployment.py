@@ -18,6 +18,7 @@ from agentrl.server.gateway.app import build_app
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.service import GatewayService
 from agentrl.server.gateway.sink import InMemorySink, load_sink
+from agentrl.server.launch import run_application
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +114,8 @@ def start_gateway(
             "gateway on %s without gateway.api_key: anyone who can reach it can generate",
             server.http_host,
         )
-    serve.run(
-        build_gateway_app(gateway, model, server, namespace),
-        name=gateway.app_name,
-        route_prefix=gateway.route_prefix,
+    run_application(
+        build_gateway_app(gateway, model, server, namespace), gateway.app_name, gateway.route_prefix
     )
     url = gateway_url(gateway, server)
     logger.info(
