@@ -48,6 +48,7 @@ def get_agent_loop(name: str) -> type[AgentLoopBase]:
             raise ValueError(f"{name!r} is not an AgentLoopBase subclass")
         return cls
     raise ValueError(
-        f"unknown agent loop {name!r}; registered: {sorted(_LOOPS)} "
-        "(or give an import path `pkg.module:Class`)"
+        f"unknown agent loop {name!r}; registered: {sorted(_LOOPS)} (list the module "
+        "that registers it under `plugins:` in the config, or give an import path "
+        "`pkg.module:Class`)"
     )

@@ -17,6 +17,7 @@ from rich.logging import RichHandler
 from agentrl.config import AgentRLConfig, ConfigError, describe_config, load_config
 from agentrl.models import resolve_model_config
 from agentrl.placement import rollout_actor_resources
+from agentrl.plugins import PluginError, import_plugins
 
 logger = logging.getLogger("agentrl")
 
@@ -32,6 +33,8 @@ def _load(args: argparse.Namespace) -> AgentRLConfig:
     elif cfg.ray.address is None and os.environ.get("RAY_ADDRESS"):
         cfg.ray.address = os.environ["RAY_ADDRESS"]
     cfg.model = resolve_model_config(cfg.model)
+    # User modules first: their registrations must exist before any row or name is read.
+    cfg.plugins = import_plugins(cfg.plugins)
     return cfg
 
 
@@ -251,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except (ConfigError, ValueError) as exc:
         logger.error("%s", exc)
+        return 2
+    except PluginError as exc:
+        logger.error("plugins: %s", exc)
         return 2
 
 

@@ -6,7 +6,8 @@ cannot kill a thread) and keeps running until it returns, without holding a work
 Processes: a ``spawn`` pool. The worker arms ``SIGALRM`` for the timeout, which interrupts
 pure-Python work; a call stuck in C code is caught by a guard timeout in the parent, which
 retires that pool (new calls go to a fresh one) and terminates it once its other calls
-have finished.
+have finished. Each worker first imports the config's plugins that the parent imported
+(``agentrl.plugins.import_plugins_from_env``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from multiprocessing.pool import Pool
 from typing import Any
 
+from agentrl.plugins import PluginError, import_plugins_from_env
 from agentrl.reward.loader import RewardFnRef
 
 __all__ = ["GUARD_GRACE_S", "POOL_START_S", "ProcessRunner", "call_reward_fn", "run_in_thread"]
@@ -93,7 +95,23 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise TimeoutError("reward function timed out")
 
 
+_plugin_error: PluginError | None = None
+
+
+def _init_worker() -> None:
+    """Pool initializer: import the plugins the parent imported (``$AGENTRL_PLUGINS``), so
+    scorers they register (``@register_scorer``) exist here too. A failure is raised by
+    every call of this worker (an initializer that raises would be restarted forever)."""
+    global _plugin_error
+    try:
+        import_plugins_from_env()
+    except PluginError as exc:
+        _plugin_error = exc
+
+
 def _call_in_worker(target: Target, kwargs: dict[str, Any], timeout_s: float) -> Any:
+    if _plugin_error is not None:
+        raise _plugin_error
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
@@ -106,7 +124,9 @@ class _Generation:
     """One pool, its calls in flight, and whether it is retired (terminated once idle)."""
 
     def __init__(self, num_workers: int) -> None:
-        self.pool: Pool = multiprocessing.get_context("spawn").Pool(num_workers)
+        self.pool: Pool = multiprocessing.get_context("spawn").Pool(
+            num_workers, initializer=_init_worker
+        )
         self.in_flight = 0
         self.retired = False
         self.started = False

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from agentrl.config import AgentRLConfig
+from agentrl.plugins import import_plugins
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.worker import AgentLoopWorker
 from agentrl.server.types import SamplingParams
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 # gRPC calls; gRPC's fork handlers then log a line per fork and do nothing useful, since
 # the child execs at once and never uses gRPC.
 _WORKER_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
+_WORKER_RESTARTS = 3
 
 
 class AgentLoopManager:
@@ -35,6 +37,10 @@ class AgentLoopManager:
     def __init__(self, config: AgentRLConfig) -> None:
         self.config = config
         rollout = config.rollout
+        # The plugins are imported here first, so that one that fails names its cause in
+        # the driver; the workers get them as resolved (file paths made absolute).
+        worker_config = config.model_dump()
+        worker_config["plugins"] = import_plugins(config.plugins)
         actor_cls = ray.remote(AgentLoopWorker)
         self._workers = [
             actor_cls.options(
@@ -42,7 +48,10 @@ class AgentLoopManager:
                 # Concurrency is bounded inside the worker; leave room for control calls.
                 max_concurrency=rollout.max_concurrent_loops + 16,
                 runtime_env={"env_vars": _WORKER_ENV},
-            ).remote(config.model_dump())
+                # A worker that dies is restarted; its in-flight episodes come back as
+                # failed (the trainers record them), later ones run on the new process.
+                max_restarts=_WORKER_RESTARTS,
+            ).remote(worker_config)
             for _ in range(rollout.num_workers)
         ]
         self._next_worker = 0
@@ -64,6 +73,21 @@ class AgentLoopManager:
         self._next_worker += 1
         return worker.run_episode.remote(request)
 
+    async def run(self, request: EpisodeRequest) -> EpisodeResult:
+        """Run one episode; a worker that died under it makes it a failed episode."""
+        try:
+            return await self.submit(request)
+        except ray.exceptions.RayError as error:
+            logger.warning("episode %s lost its agent-loop worker: %s", request.episode_id, error)
+            return EpisodeResult(
+                request.episode_id,
+                request.group_id,
+                request.row_index,
+                request.sample_index,
+                request.row.get("agent_name") or self.config.rollout.agent_name,
+                error=f"agent-loop worker failed: {type(error).__name__}: {error}",
+            )
+
     async def stream(
         self,
         rows: list[dict[str, Any]],
@@ -79,7 +103,7 @@ class AgentLoopManager:
 
     async def stream_requests(self, requests: list[EpisodeRequest]) -> AsyncIterator[EpisodeResult]:
         """Run prepared episode requests; yield each result as soon as it finishes."""
-        pending = [asyncio.ensure_future(_await(self.submit(r))) for r in requests]
+        pending = [asyncio.ensure_future(self.run(r)) for r in requests]
         try:
             for finished in asyncio.as_completed(pending):
                 yield await finished

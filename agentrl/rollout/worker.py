@@ -18,6 +18,7 @@ from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.config import AgentRLConfig
+from agentrl.plugins import import_plugins
 from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
@@ -41,6 +42,8 @@ class AgentLoopWorker:
         tokenizer: Any = None,
     ) -> None:
         self.config = AgentRLConfig.model_validate(config)
+        # Before anything resolves a registered name (loops, tool parsers, tools).
+        import_plugins(self.config.plugins)
         rollout = self.config.rollout
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.config.model.tokenizer)
         self.client = client or self._connect()

@@ -12,6 +12,7 @@ from ray.serve import Application
 from transformers import AutoTokenizer
 
 from agentrl.config import ModelConfig, ServerConfig
+from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.client import ServerClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.gateway.app import build_app
@@ -37,6 +38,7 @@ class Gateway:
         server: dict[str, Any],
         namespace: str | None = None,
     ) -> None:
+        import_plugins_from_env()  # the driver's `plugins:` (tool parsers, sinks, ...)
         gateway_cfg = GatewayConfig(**gateway)
         model_cfg = ModelConfig(**model)
         server_cfg = ServerConfig(**server)
@@ -86,7 +88,7 @@ def build_gateway_app(
         name=GATEWAY_DEPLOYMENT_NAME,
         num_replicas=1,
         max_ongoing_requests=gateway.max_ongoing_requests,
-        ray_actor_options={"num_cpus": gateway.num_cpus},
+        ray_actor_options={"num_cpus": gateway.num_cpus, "runtime_env": plugin_runtime_env()},
         graceful_shutdown_timeout_s=5,
     )
     return deployment.bind(gateway.model_dump(), model.model_dump(), server.model_dump(), namespace)
