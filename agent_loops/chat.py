@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentrl.chat_template import ChatTemplate, text_decoder, text_encoder
+from agentrl.tools.render import with_tools_system_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +72,7 @@ class ChatRenderer:
         self.eos_token_id: int | None = tokenizer.eos_token_id
 
     def _with_tools_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not self._tools_system_prompt:
-            return messages
-        if messages and messages[0]["role"] == "system":
-            first = dict(messages[0])
-            first["content"] = f"{first['content']}\n\n{self._tools_system_prompt}"
-            return [first, *messages[1:]]
-        return [{"role": "system", "content": self._tools_system_prompt}, *messages]
+        return with_tools_system_prompt(messages, self._tools_system_prompt)
 
     def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """The template's text for ``messages`` (synchronous)."""

@@ -3,7 +3,12 @@
 from agentrl.tools.base import BaseTool, ToolArgumentError, ToolResponse
 from agentrl.tools.decorator import FunctionTool, function_schema, tool
 from agentrl.tools.loader import ToolSpec, import_object, load_tools
-from agentrl.tools.render import tools_for_chat_template, tools_system_prompt
+from agentrl.tools.render import (
+    template_supports_tools,
+    tools_for_chat_template,
+    tools_system_prompt,
+    with_tools_system_prompt,
+)
 from agentrl.tools.schema import (
     FunctionCall,
     OpenAIFunctionParametersSchema,
@@ -24,7 +29,9 @@ __all__ = [
     "function_schema",
     "import_object",
     "load_tools",
+    "template_supports_tools",
     "tool",
     "tools_for_chat_template",
     "tools_system_prompt",
+    "with_tools_system_prompt",
 ]

@@ -3,6 +3,10 @@
 ``tools_system_prompt`` writes Hermes-style instructions (the format Qwen2.5
 templates use) for chat templates that ignore ``tools=``, e.g. SmolLM2's; the
 model answers with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+The rule, shared by the agent loops and the HTTP gateway: tools go to the template's
+``tools=`` when ``template_supports_tools``, else ``with_tools_system_prompt`` puts the
+instructions into the conversation's system message.
 """
 
 from __future__ import annotations
@@ -14,9 +18,16 @@ from typing import Any
 from agentrl.tools.base import BaseTool
 from agentrl.tools.schema import OpenAIFunctionToolSchema
 
-__all__ = ["tools_for_chat_template", "tools_system_prompt"]
+__all__ = [
+    "template_supports_tools",
+    "tools_for_chat_template",
+    "tools_system_prompt",
+    "with_tools_system_prompt",
+]
 
-ToolList = Mapping[str, BaseTool] | Iterable[BaseTool | OpenAIFunctionToolSchema]
+ToolList = (
+    Mapping[str, BaseTool] | Iterable[BaseTool | OpenAIFunctionToolSchema | Mapping[str, Any]]
+)
 
 _PROMPT = """# Tools
 
@@ -35,9 +46,23 @@ within <tool_call></tool_call> XML tags:
 
 
 def tools_for_chat_template(tools: ToolList) -> list[dict[str, Any]]:
-    """The OpenAI-format dicts for ``tokenizer.apply_chat_template(..., tools=...)``."""
+    """The OpenAI-format dicts for ``tokenizer.apply_chat_template(..., tools=...)``
+    (plain dicts, e.g. an HTTP request's ``tools``, pass through)."""
     items = tools.values() if isinstance(tools, Mapping) else tools
-    return [(item.tool_schema if isinstance(item, BaseTool) else item).to_dict() for item in items]
+    return [_schema_dict(item) for item in items]
+
+
+def _schema_dict(item: BaseTool | OpenAIFunctionToolSchema | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(item, BaseTool):
+        return item.tool_schema.to_dict()
+    if isinstance(item, OpenAIFunctionToolSchema):
+        return item.to_dict()
+    return dict(item)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools=`` argument at all."""
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
 def tools_system_prompt(tools: ToolList, template: str | None = None) -> str:
@@ -48,3 +73,17 @@ def tools_system_prompt(tools: ToolList, template: str | None = None) -> str:
     """
     lines = (json.dumps(schema, ensure_ascii=False) for schema in tools_for_chat_template(tools))
     return (template or _PROMPT).format(tools="\n".join(lines))
+
+
+def with_tools_system_prompt(
+    messages: list[dict[str, Any]], prompt: str | None
+) -> list[dict[str, Any]]:
+    """``messages`` with ``prompt`` (a ``tools_system_prompt``) in the system message:
+    appended after a blank line to a leading system message, else a new one first."""
+    if not prompt:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{prompt}"
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]

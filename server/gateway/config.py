@@ -23,8 +23,10 @@ class GatewayConfig(BaseModel):
     )
     served_model_name: str | None = Field(
         None,
-        description="Model name clients send and `/v1/models` lists; None = `model.path`. "
-        "`model.path` is accepted as well.",
+        description="Model name `/v1/models` lists; None = the model's short name "
+        "(`smollm2-135m-instruct` for `builtin:smollm2-135m-instruct`, `Model-1B` for "
+        "`Org/Model-1B`, the last folder of a directory). Requests may send this name, the "
+        "short name or `model.path` (as written or resolved); others get 404.",
     )
     api_key: str | None = Field(
         None,

@@ -12,6 +12,7 @@ from ray.serve import Application
 from transformers import AutoTokenizer
 
 from agentrl.config import ModelConfig, ServerConfig
+from agentrl.models import resolve_model_config, short_model_name
 from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.client import ServerClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
@@ -40,7 +41,8 @@ class Gateway:
     ) -> None:
         import_plugins_from_env()  # the driver's `plugins:` (tool parsers, sinks, ...)
         gateway_cfg = GatewayConfig(**gateway)
-        model_cfg = ModelConfig(**model)
+        model_cfg = resolve_model_config(ModelConfig(**model))
+        name, aliases = served_model_names(gateway_cfg, model["path"], model_cfg.path)
         server_cfg = ServerConfig(**server)
         tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.tokenizer, trust_remote_code=model_cfg.trust_remote_code
@@ -55,12 +57,18 @@ class Gateway:
             client,
             tokenizer,
             gateway_cfg,
-            model_name=gateway_cfg.served_model_name or model_cfg.path,
+            model_name=name,
             max_model_len=server_cfg.engine.max_model_len,
             sink=load_sink(gateway_cfg.sink, gateway_cfg.sink_capacity, namespace=namespace),
-            model_aliases=(model_cfg.path,),
+            model_aliases=aliases,
         )
-        logger.info("gateway ready for %s (rollout app %r)", model_cfg.path, server_cfg.name)
+        logger.info(
+            "gateway ready for %s as %r (also %s; rollout app %r)",
+            model_cfg.path,
+            name,
+            ", ".join(map(repr, aliases)),
+            server_cfg.name,
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_app(self.service)
@@ -69,6 +77,19 @@ class Gateway:
         """Finished sessions held by the in-memory sink (emptied); [] for other sinks."""
         sink = self.service.sink
         return sink.drain() if isinstance(sink, InMemorySink) else []
+
+
+def served_model_names(
+    gateway: GatewayConfig, path: str, resolved_path: str | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """``(name, aliases)``: the model name ``/v1/models`` lists and the other names
+    requests may send. The name is ``gateway.served_model_name``, else the model's short
+    name (``smollm2-135m-instruct`` for ``builtin:smollm2-135m-instruct``, ``Model-1B``
+    for ``Org/Model-1B``); the short name, ``model.path`` as configured and as resolved
+    are always accepted."""
+    name = gateway.served_model_name or short_model_name(path)
+    names = dict.fromkeys((short_model_name(path), path, resolved_path or path))
+    return name, tuple(n for n in names if n != name)
 
 
 def build_gateway_app(
@@ -121,7 +142,9 @@ def start_gateway(
     )
     url = gateway_url(gateway, server)
     logger.info(
-        "OpenAI-compatible gateway at %s (model %r)", url, gateway.served_model_name or model.path
+        "OpenAI-compatible gateway at %s (model %r)",
+        url,
+        served_model_names(gateway, model.path)[0],
     )
     return url
 

@@ -146,20 +146,42 @@ class GatewayService:
             )
         return self.model_name
 
-    def _sampling(self, fields: Any, prompt_len: int, limit: int | None) -> SamplingParams:
+    def _max_tokens(
+        self, prompt_len: int, limit: int | None, prompt_param: str, limit_param: str
+    ) -> int:
+        """The completion length: ``limit`` if it fits the context window after the
+        prompt (400 otherwise, as OpenAI answers), else the default capped to fit."""
         room = self.max_model_len - prompt_len
         if room <= 0:
             raise GatewayError(
                 400,
                 f"the prompt has {prompt_len} tokens but the context window is "
                 f"{self.max_model_len}; shorten the conversation",
-                param="messages",
+                param=prompt_param,
                 code="context_length_exceeded",
             )
+        if limit is None:
+            return min(self.config.default_max_tokens, room)
+        if limit > room:
+            raise GatewayError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {prompt_len + limit} tokens ({prompt_len} in the "
+                f"messages, {limit} in the completion). Please reduce the length of the "
+                f"messages or completion ({limit_param} <= {room} here).",
+                param=limit_param,
+                code="context_length_exceeded",
+            )
+        return limit
+
+    def _sampling(
+        self, fields: Any, prompt_len: int, limit: int | None, limit_param: str
+    ) -> SamplingParams:
+        max_tokens = self._max_tokens(prompt_len, limit, "messages", limit_param)
         if fields.n > self.config.max_n:
             raise GatewayError(400, f"n must be <= {self.config.max_n}, got {fields.n}", param="n")
         return SamplingParams(
-            max_tokens=min(limit or self.config.default_max_tokens, room),
+            max_tokens=max_tokens,
             temperature=1.0 if fields.temperature is None else fields.temperature,
             top_p=1.0 if fields.top_p is None else fields.top_p,
             top_k=-1 if fields.top_k is None else fields.top_k,
@@ -195,7 +217,12 @@ class GatewayService:
             session=session,
             prompt_ids=prompt_ids,
             reused_prompt_tokens=reused,
-            sampling=self._sampling(request, len(prompt_ids), request.completion_limit()),
+            sampling=self._sampling(
+                request,
+                len(prompt_ids),
+                request.completion_limit(),
+                "max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+            ),
             n=request.n,
             stops=request.stop_strings(),
             chat=request,
@@ -245,7 +272,7 @@ class GatewayService:
             session=session,
             prompt_ids=prompt_ids,
             reused_prompt_tokens=reused,
-            sampling=self._sampling(request, len(prompt_ids), request.max_tokens),
+            sampling=self._sampling(request, len(prompt_ids), request.max_tokens, "max_tokens"),
             n=request.n,
             stops=request.stop_strings(),
             text_prompt=text_prompt,
@@ -268,17 +295,10 @@ class GatewayService:
         """``/v1/generate``: one token-level call (recorded, linked by ids alone)."""
         self.check_model(request.model)
         prompt_ids = list(request.prompt_ids)
-        if len(prompt_ids) >= self.max_model_len:
-            raise GatewayError(
-                400,
-                f"prompt_ids has {len(prompt_ids)} tokens but the context window is "
-                f"{self.max_model_len}",
-                param="prompt_ids",
-                code="context_length_exceeded",
-            )
-        limit = request.max_tokens or self.config.default_max_tokens
         sampling = SamplingParams(
-            max_tokens=min(limit, self.max_model_len - len(prompt_ids)),
+            max_tokens=self._max_tokens(
+                len(prompt_ids), request.max_tokens, "prompt_ids", "max_tokens"
+            ),
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,

@@ -4,6 +4,10 @@ A delta is the text the template adds after an assistant turn that is already in
 form, so the next prompt can reuse the exact ids the engine produced and tokenize only
 the new messages (``agentrl.chat_template`` finds it). Requests bring their own tool
 lists, so one shared template object is kept per distinct tool list.
+
+A request's tools reach the model as the agent loops' do (``agentrl.tools.render``): in
+the template's ``tools=`` when the template renders tools, else as Hermes-style
+instructions in the system message (templates such as SmolLM2's ignore ``tools=``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from typing import Any
 
 from agentrl.chat_template import ChatTemplate as ToolsTemplate
 from agentrl.chat_template import TemplateError, text_encoder
+from agentrl.tools.render import (
+    template_supports_tools,
+    tools_system_prompt,
+    with_tools_system_prompt,
+)
 
 __all__ = ["ChatTemplate", "TemplateError"]
 
@@ -30,7 +39,7 @@ class ChatTemplate:
                 "(use /v1/completions or /v1/generate, or pick a chat model)"
             )
         self.tokenizer = tokenizer
-        self.supports_tools = "tools" in tokenizer.chat_template
+        self.supports_tools = template_supports_tools(tokenizer)
         self._special_ids = set(tokenizer.all_special_ids)
         self._by_tools: OrderedDict[str, ToolsTemplate] = OrderedDict()
         self._encode = text_encoder(tokenizer)
@@ -45,6 +54,14 @@ class ChatTemplate:
         self._by_tools.move_to_end(key)
         return template
 
+    def _placed(
+        self, tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """``(tools for the template's tools=, tools system prompt)``: one of them is None."""
+        if not tools or self.supports_tools:
+            return tools or None, None
+        return None, tools_system_prompt(tools)
+
     def render(
         self,
         messages: list[dict[str, Any]],
@@ -52,7 +69,9 @@ class ChatTemplate:
         add_generation_prompt: bool,
     ) -> str:
         """The template's text for ``messages``; ``TemplateError`` if the template refuses."""
-        return self._for(tools).render_full(messages, add_generation_prompt)
+        template_tools, prompt = self._placed(tools)
+        messages = with_tools_system_prompt(messages, prompt)
+        return self._for(template_tools).render_full(messages, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
@@ -80,4 +99,5 @@ class ChatTemplate:
         drop = ""
         if last_token is not None and last_token in self._special_ids:
             drop = self.tokenizer.decode([last_token], skip_special_tokens=False)
-        return self.encode(self._for(tools).delta_text(new_messages, drop))
+        template_tools, _ = self._placed(tools)
+        return self.encode(self._for(template_tools).delta_text(new_messages, drop))

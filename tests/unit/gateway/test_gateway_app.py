@@ -143,11 +143,12 @@ def test_generate_endpoint_returns_ids_logprobs_versions_and_records(make_gatewa
     assert sample["response_ids"] == reply["token_ids"]
 
 
-def test_max_tokens_is_capped_by_the_context_window(make_gateway):
+def test_max_tokens_beyond_the_context_window_is_refused(make_gateway):
     _, engine, http = make_gateway()
     reply = http.post("/v1/generate", json={"prompt_ids": [5] * 1000, "max_tokens": 500})
-    assert reply.status_code == 200
-    assert engine.calls[0].sampling.max_tokens == 24
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "max_tokens"
+    assert engine.calls == []
     too_long = http.post("/v1/generate", json={"prompt_ids": [5] * 1024})
     assert too_long.status_code == 400
     assert too_long.json()["error"]["code"] == "context_length_exceeded"
