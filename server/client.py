@@ -18,7 +18,6 @@ from tenacity import (
     before_sleep_log,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential,
 )
 
 from agentrl.server.affinity import AffinityStats, affinity_stats
@@ -44,6 +43,11 @@ def _unwrap(exc: BaseException) -> BaseException:
     if isinstance(exc, RayActorError):
         return ReplicaFailure(f"rollout replica failed: {exc}", actor_id=exc.actor_id)
     return exc
+
+
+def _backoff(failures: int) -> float:
+    """Seconds to wait before retrying a request that failed ``failures`` times."""
+    return min(5.0, 0.2 * 2 ** (failures - 1))
 
 
 class ServerClient:
@@ -96,37 +100,52 @@ class ServerClient:
             raise RolloutError(f"session_id must be a non-empty string or None, got {session_id!r}")
         sampling = sampling or SamplingParams()
         sampling.validate()
-        request_id = request_id or uuid.uuid4().hex
+        request = {
+            "prompt_ids": list(prompt_ids),
+            "sampling": sampling,
+            "session_id": session_id,
+            "request_id": request_id or uuid.uuid4().hex,
+        }
+        # The first attempt goes out without the retry machinery (the common case succeeds);
+        # only a replica failure enters the tenacity policy below.
         failed_actors: set[str] = set()
+        try:
+            return await self._attempt(request, failed_actors)
+        except ReplicaFailure:
+            if not self._max_retries:
+                raise
+        logger.warning(
+            "request %s: its replica failed; retrying in %.1f s", request["request_id"], _backoff(1)
+        )
+        await asyncio.sleep(_backoff(1))
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(ReplicaFailure),
-            stop=stop_after_attempt(self._max_retries + 1),
-            wait=wait_exponential(multiplier=0.2, max=5.0),
+            stop=stop_after_attempt(self._max_retries),
+            wait=lambda state: _backoff(state.attempt_number + 1),
             before_sleep=before_sleep_log(logger, logging.WARNING),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
-                response = self._handle.generate.remote(
-                    prompt_ids=list(prompt_ids),
-                    sampling=sampling,
-                    session_id=session_id,
-                    request_id=request_id,
-                    avoid_actor_ids=frozenset(failed_actors),
-                )
-                try:
-                    return await self._await(response)
-                except ReplicaFailure as failure:
-                    self.replica_failures += 1
-                    if failure.actor_id:
-                        failed_actors.add(failure.actor_id)
-                    raise
+                return await self._attempt(request, failed_actors)
         raise AssertionError("unreachable: tenacity reraises the last failure")
+
+    async def _attempt(self, request: dict[str, Any], failed_actors: set[str]) -> TokenOutput:
+        """One try of a generate request, avoiding the replicas that failed it before."""
+        response = self._handle.generate.remote(**request, avoid_actor_ids=frozenset(failed_actors))
+        try:
+            return await self._await(response)
+        except ReplicaFailure as failure:
+            self.replica_failures += 1
+            if failure.actor_id:
+                failed_actors.add(failure.actor_id)
+            raise
 
     async def _await(self, response: Any) -> Any:
         """Await a Serve response with the client timeout, unwrapping Ray's errors."""
         try:
-            return await asyncio.wait_for(response, timeout=self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await response
         except TimeoutError:
             if isinstance(response, DeploymentResponse):
                 response.cancel()  # also stops the generation on the replica
