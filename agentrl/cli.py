@@ -105,6 +105,18 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from agentrl.rollout.run import rollout
+
+    cfg = _load(args)
+    result = rollout(cfg, args.out, split=args.split, limit=args.limit)
+    width = max((len(k) for k in result.metrics), default=0)
+    lines = [f"  {k:<{width}}  {v:.4g}" for k, v in sorted(result.metrics.items())]
+    print("\n".join(lines))
+    print(f"{len(result.trajectories)} episodes ({result.failed} failed) -> {result.out}")
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from agentrl.plot import CHARTS, plot_run
 
@@ -200,6 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="where to write the result JSON (default: <trainer.run_dir>/eval.json)"
     )
     evaluate.set_defaults(run=_eval)
+
+    rollout = config_command(
+        "rollout",
+        "run the agent loops over a dataset without training; one JSON line per episode",
+    )
+    rollout.add_argument(
+        "--out", default="trajectories.jsonl", help="JSONL file to write (default: %(default)s)"
+    )
+    rollout.add_argument(
+        "--split",
+        choices=("train", "val"),
+        default="train",
+        help="rows from data.train_files or data.val_files (default: %(default)s)",
+    )
+    rollout.add_argument("--limit", type=int, help="only the first LIMIT rows")
+    rollout.set_defaults(run=_rollout)
 
     plot = commands.add_parser(
         "plot",

@@ -30,7 +30,7 @@ from agentrl.reward.config import RewardConfig
 from agentrl.reward.loader import RewardFnRef, load_reward_fn
 from agentrl.reward.runners import ProcessRunner, run_in_thread
 
-__all__ = ["RewardBatch", "RewardManager", "RewardRequest", "RewardResult"]
+__all__ = ["RewardBatch", "RewardManager", "RewardRequest", "RewardResult", "reward_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ def _to_result(raw: Any) -> RewardResult:
     return RewardResult(0.0, error=f"returned {raw!r}; expected a finite float or a dict")
 
 
-def _metrics(results: Sequence[RewardResult]) -> dict[str, float]:
+def reward_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
+    """The batch metrics of ``results`` (see the module docstring)."""
     scores = [r.score for r in results]
     metrics = {
         "reward/score/mean": sum(scores) / len(scores) if scores else 0.0,
@@ -200,7 +201,7 @@ class RewardManager:
     async def score_batch(self, requests: Sequence[RewardRequest]) -> RewardBatch:
         """Score all ``requests`` concurrently; results keep the request order."""
         results = await asyncio.gather(*(self.score(r) for r in requests))
-        return RewardBatch(results=list(results), metrics=_metrics(results))
+        return RewardBatch(results=list(results), metrics=reward_metrics(results))
 
     def close(self) -> None:
         """Stop the worker processes (process mode); the manager can still be used after."""

@@ -40,7 +40,7 @@ GUIDES = (
 )
 PENDING_LINKS: set[str] = set()
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
-CONFIG_COMMANDS = {"train", "eval", "serve"}
+CONFIG_COMMANDS = {"train", "eval", "serve", "rollout"}
 
 
 @dataclass
