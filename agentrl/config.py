@@ -130,6 +130,12 @@ class ServerConfig(_Section):
     max_retries: int = Field(
         3, ge=0, description="ServerClient retries of a request whose replica failed."
     )
+    access_log: bool = Field(
+        False,
+        description="Ray Serve's access log of the rollout replicas: one line per request "
+        "(`CALL generate OK 1.2ms`), to the console and the Serve log files. Off by default: "
+        "it costs replica CPU and floods the console at thousands of requests per second.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
 

@@ -11,6 +11,7 @@ import ray
 import torch
 from ray import serve
 from ray.serve import Application
+from ray.serve.schema import LoggingConfig
 
 from agentrl.config import EngineConfig, ModelConfig, ServerConfig
 from agentrl.server.collective import node_ip
@@ -185,6 +186,7 @@ def build_rollout_app(
         },
         "health_check_period_s": 5,
         "graceful_shutdown_timeout_s": 5,
+        "logging_config": LoggingConfig(enable_access_log=server.access_log),
     }
     router = request_router_config(
         server.router.policy, server.router.max_sessions, server.router.overload_factor
