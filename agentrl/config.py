@@ -240,6 +240,17 @@ class TrainerConfig(_Section):
         description="Behaviour log-probs for the PPO ratio: recomputed by the actor before "
         "the update, or the rollout engine's own (skips a forward pass).",
     )
+    mismatch_probe_every: int = Field(
+        1,
+        ge=0,
+        description="old_log_probs=rollout: every N steps (0 = never) the actor recomputes "
+        "the log-probs of a few rows to measure the rollout/training mismatch "
+        "(`mismatch/` metrics, on the tokens sampled by the version the actor holds). "
+        "old_log_probs=recompute measures it on every batch.",
+    )
+    mismatch_probe_rows: int = Field(
+        8, ge=1, description="Rows the mismatch probe recomputes (mismatch_probe_every)."
+    )
     max_staleness: int = Field(
         1,
         ge=0,
@@ -288,6 +299,13 @@ class TrainerConfig(_Section):
     )
     samples_to_save: int = Field(
         4, ge=0, description="Trajectories rendered to the run directory each step."
+    )
+    batch_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Async training: seconds to wait for one training batch before the run "
+        "stops with an error saying what the queue holds and what is running (a batch "
+        "that can never form stops the run at once).",
     )
 
 

@@ -30,6 +30,10 @@ queue without a reservation:
   (``async/duplicate_episodes``), never an error. ``async/external_episodes`` counts
   the accepted ones.
 
+Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
+can ever form (nothing running, no room for the producer to start a group, no external
+source) and ``BatchTimeout`` after ``timeout_s``; both say what the queue holds.
+
 Runs in-process or as a Ray actor (``ray.remote(TrajectoryQueue)``); all methods are
 coroutines on one event loop, so no locks are needed.
 """
@@ -37,6 +41,7 @@ coroutines on one event loop, so no locks are needed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,14 +56,26 @@ _REFUSAL_COUNTERS = {
 }
 
 
+class QueueStalled(RuntimeError):
+    """No batch can ever form: nothing runs and the staleness rule lets nothing start."""
+
+
+class BatchTimeout(TimeoutError):
+    """``get_batch`` waited ``timeout_s`` without a full batch."""
+
+
 @dataclass
 class TrainingBatch:
-    """What the trainer gets: complete groups, and what happened to the rest."""
+    """What the trainer gets: complete groups, and what happened to the rest.
+
+    ``dropped_group_ids``: groups removed since the previous batch without being trained
+    (every episode failed or was stale), so their rows can be forgotten."""
 
     groups: list[list[EpisodeResult]]
     version: int
     staleness: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    dropped_group_ids: list[str] = field(default_factory=list)
 
     @property
     def episodes(self) -> list[EpisodeResult]:
@@ -77,7 +94,13 @@ class TrajectoryQueue:
         stale_policy: Literal["drop", "downweight"] = "drop",
         stale_weight_decay: float = 0.5,
         max_response_length: int | None = None,
+        version: int = 0,
+        external_sources: bool = False,
     ) -> None:
+        """``version``: the policy version served now (a resumed run's); the staleness
+        rule's step count starts at 0 whatever it is. ``external_sources``: episodes may
+        arrive through ``put_session``/``put_external`` (a gateway queue sink), so an idle
+        producer is no stall."""
         self.batch_groups = batch_groups
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -89,7 +112,10 @@ class TrajectoryQueue:
             max_staleness=max_staleness,
             batch_size=batch_groups * group_size,
             max_concurrency=max_concurrency,
+            version=version,
         )
+        self.external_sources = external_sources
+        self._dropped_group_ids: list[str] = []
         self._open: dict[str, list[EpisodeResult]] = {}
         self._complete: OrderedDict[str, list[EpisodeResult]] = OrderedDict()
         self._changed = asyncio.Condition()
@@ -190,24 +216,47 @@ class TrajectoryQueue:
 
     # -- trainer side ------------------------------------------------------------------
 
-    async def get_batch(self) -> TrainingBatch | None:
-        """Wait for ``batch_groups`` usable groups; None once closed and drained."""
-        async with self._changed:
-            while True:
-                self._apply_staleness()
-                if len(self._complete) >= self.batch_groups:
-                    break
-                if self._closed:
-                    return None
-                await self._changed.wait()
+    async def get_batch(self, timeout_s: float | None = None) -> TrainingBatch | None:
+        """Wait for ``batch_groups`` usable groups; None once closed and drained.
+
+        Raises ``QueueStalled`` as soon as no batch can form any more, and
+        ``BatchTimeout`` when none formed within ``timeout_s`` seconds."""
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                while True:
+                    if self._apply_staleness():
+                        self._changed.notify_all()  # freed slots: wake the producer
+                    if len(self._complete) >= self.batch_groups:
+                        break
+                    if self._closed:
+                        return None
+                    if self._stalled():
+                        raise QueueStalled(f"no training batch can form: {self.describe()}")
+                    await self._changed.wait()
+        except TimeoutError:
+            waited = time.monotonic() - start
+            raise BatchTimeout(
+                f"no training batch after {waited:.0f} s (trainer.batch_timeout_s): "
+                f"{self.describe()}"
+            ) from None
         groups = [self._complete.popitem(last=False)[1] for _ in range(self.batch_groups)]
         staleness = [self._staleness(e) for group in groups for e in group if e.ok]
         self._counts["episodes_out"] += sum(len(g) for g in groups)
-        return TrainingBatch(groups, self._rule.version, staleness, self.metrics())
+        dropped, self._dropped_group_ids = self._dropped_group_ids, []
+        return TrainingBatch(groups, self._rule.version, staleness, self.metrics(), dropped)
 
     async def set_version(self, version: int) -> None:
-        """The trainer now serves ``version``: more episodes may start."""
+        """The trainer now serves ``version`` (one step per new version): more episodes
+        may start."""
         self._rule.set_version(version)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def finish_step(self, version: int) -> None:
+        """The trainer finished a step and serves ``version`` (unchanged when the step
+        made no update): the step's batch frees its slots either way."""
+        self._rule.finish_step(version)
         async with self._changed:
             self._changed.notify_all()
 
@@ -216,6 +265,26 @@ class TrajectoryQueue:
         self._closed = True
         async with self._changed:
             self._changed.notify_all()
+
+    def _stalled(self) -> bool:
+        return (
+            not self.external_sources
+            and self._rule.running == 0
+            and self._rule.capacity < self.group_size
+        )
+
+    def describe(self) -> str:
+        """What the queue holds and what runs, for error messages."""
+        rule = self._rule
+        open_sizes = sorted(len(group) for group in self._open.values())
+        return (
+            f"{len(self._complete)} complete groups of the {self.batch_groups} a batch "
+            f"needs, {len(self._open)} incomplete groups (episodes in each: {open_sizes}), "
+            f"{rule.running} episodes running, room to start {rule.capacity} more "
+            f"(staleness rule: η={self.max_staleness}, step {rule.steps}, accepted "
+            f"{rule.accepted}, rejected {rule.rejected}); policy version {rule.version}; "
+            f"counters {dict(self._counts)}"
+        )
 
     def pending_episode_ids(self) -> list[str]:
         """Episodes received but not yet handed to the trainer (complete or open groups)."""
@@ -237,8 +306,10 @@ class TrajectoryQueue:
         versions = [o.min_version for o in episode.outputs if o.min_version is not None]
         return self._rule.version - min(versions) if versions else 0
 
-    def _apply_staleness(self) -> None:
-        """Drop or down-weight episodes more than η versions behind; drop empty groups."""
+    def _apply_staleness(self) -> bool:
+        """Drop or down-weight episodes more than η versions behind; drop empty groups.
+        Returns whether a dropped episode gave a slot of the staleness rule back."""
+        freed = False
         for group_id in list(self._complete):
             kept = []
             for episode in self._complete[group_id]:
@@ -247,6 +318,7 @@ class TrajectoryQueue:
                     self._counts["dropped_stale"] += 1
                     if not episode.external:  # external episodes never held a rule slot
                         self._rule.discard_accepted()
+                        freed = True
                     continue
                 if excess > 0:
                     if episode.episode_id not in self._downweighted:
@@ -259,5 +331,7 @@ class TrajectoryQueue:
                 self._complete[group_id] = kept
             else:
                 del self._complete[group_id]
+                self._dropped_group_ids.append(group_id)
                 self._counts["dropped_groups"] += 1
                 self._counts["dropped_group_episodes"] += len(kept)
+        return freed

@@ -1,18 +1,22 @@
 """The staleness rule that bounds how far rollouts may run ahead of training.
 
-With maximum staleness η, batch size B (episodes per training step) and the trainer at
-policy version v, the producer may have started at most ``(η + v + 1)·B`` episodes in
-total, so it may start
+With maximum staleness η, batch size B (episodes per training step) and s training steps
+finished since the producer started, the producer may have started at most
+``(η + s + 1)·B`` episodes in total, so it may start
 
-    capacity = (η + v + 1)·B − (accepted + running)
+    capacity = (η + s + 1)·B − (accepted + running)
 
 more, and never more than the concurrency cap allows. ``accepted`` counts episodes that
-finished and were kept; ``running`` those in flight. η = 0 allows exactly one batch per
-version (the synchronous loop); η = 1 is one-step-off-policy; larger η is fully async.
-The rule bounds how many episodes are in the system per version; an episode that runs
-much longer than its peers can still fall more than η versions behind by the time it is
-trained, so the queue checks each episode's oldest token version when it is consumed and
-drops (or down-weights) stale ones, giving their slots back with ``discard_accepted``.
+finished and were kept; ``running`` those in flight. s is the policy version when every
+step pushes new weights and the run started at version 0; it is counted apart from the
+version so that a step that made no update (too few usable samples) still frees its
+batch's slots, and a resumed run starts with the budget of a fresh one. η = 0 allows
+exactly one batch per step (the synchronous loop); η = 1 is one-step-off-policy; larger
+η is fully async. The rule bounds how many episodes are in the system per step; an
+episode that runs much longer than its peers can still fall more than η versions behind
+by the time it is trained, so the queue checks each episode's oldest token version when
+it is consumed and drops (or down-weights) stale ones, giving their slots back with
+``discard_accepted``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class StalenessController:
     batch_size: int
     max_concurrency: int
     version: int = 0
+    steps: int = 0
     accepted: int = 0
     running: int = 0
     rejected: int = 0
@@ -41,7 +46,7 @@ class StalenessController:
     @property
     def capacity(self) -> int:
         """Episodes that may start now."""
-        budget = (self.max_staleness + self.version + 1) * self.batch_size
+        budget = (self.max_staleness + self.steps + 1) * self.batch_size
         by_staleness = budget - (self.accepted + self.running)
         return max(0, min(by_staleness, self.max_concurrency - self.running))
 
@@ -69,7 +74,16 @@ class StalenessController:
         self.rejected += 1
 
     def set_version(self, version: int) -> None:
-        """The trainer moved to ``version`` (monotonic)."""
+        """The trainer moved to ``version`` (monotonic), one step per new version."""
         if version < self.version:
             raise ValueError(f"version went back from {self.version} to {version}")
+        self.steps += version - self.version
         self.version = version
+
+    def finish_step(self, version: int) -> None:
+        """The trainer finished one step and now serves ``version``: the same version
+        when the step made no update, which frees that batch's slots all the same."""
+        if version == self.version:
+            self.steps += 1
+        else:
+            self.set_version(version)

@@ -12,6 +12,13 @@ OpenAI clients into it: they are trained on next to the producer's episodes, gro
 their ``x-group-id`` and rewarded by their client (see ``TrajectoryQueue``). With
 ``trainer.agent_loop_episodes: false`` the producer does not run: every batch is made of
 gateway sessions.
+
+Faults: the producer and every episode task are supervised. An episode whose agent-loop
+worker died is a failed episode (counted, its slot returned); any other producer error
+stops ``fit`` at once with that error; a batch that can never form, or does not form
+within ``trainer.batch_timeout_s``, stops it with what the queue holds. A resumed run
+pushes the restored weights before the producer starts and replays the rows that were
+started but not trained (``RowFeed``), so no row is skipped or trained twice.
 """
 
 from __future__ import annotations
@@ -19,23 +26,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import ray
 
 from agentrl.algos import DynamicSampler
+from agentrl.data.loader import RowLoader
 from agentrl.rollout.episode import EpisodeRequest, make_requests
-from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.rollout.queue import BatchTimeout, QueueStalled, TrainingBatch, TrajectoryQueue
 from agentrl.server.gateway.sink import queue_actor_name
 from agentrl.trainer.batch import Sample
+from agentrl.trainer.row_feed import RowFeed
 from agentrl.trainer.steps import sample_groups, sampled
 from agentrl.trainer.trainer import Trainer, timer
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class AsyncTrainer(Trainer):
     """The same steps as ``Trainer``; generation runs ahead by up to η versions."""
+
+    _feed: RowFeed | None = None
 
     async def fit(self) -> list[dict[str, float]]:
         cfg = self.cfg
@@ -44,12 +58,11 @@ class AsyncTrainer(Trainer):
                 "trainer.agent_loop_episodes=false needs episodes from somewhere: set "
                 "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
             )
+        await self.serve_restored_weights()
         queue = self._make_queue()
-        await queue.set_version.remote(self.version)
-        self._rows: dict[str, dict[str, Any]] = {}
         self._gen_clock = _BusyClock()
-        producer = asyncio.create_task(
-            self._produce(queue) if cfg.trainer.agent_loop_episodes else asyncio.sleep(0)
+        producer = (
+            asyncio.create_task(self._produce(queue)) if cfg.trainer.agent_loop_episodes else None
         )
         history = []
         try:
@@ -58,20 +71,23 @@ class AsyncTrainer(Trainer):
                 metrics: dict[str, float] = {}
                 with timer(metrics, "step"):
                     with timer(metrics, "wait_for_batch"):
-                        batch = await queue.get_batch.remote()
+                        batch = await self._next_batch(queue, producer)
                     if batch is None:
                         break
                     metrics |= batch.metrics
-                    metrics |= await self.train_on(batch.episodes, self._rows, metrics)
-                    await queue.set_version.remote(self.version)
-                    for group in batch.groups:
-                        self._rows.pop(group[0].group_id, None)
+                    rows = self._feed.rows_by_group if self._feed is not None else {}
+                    metrics |= await self.train_on(batch.episodes, rows, metrics)
+                    if self._feed is not None:
+                        self._feed.done([g[0].group_id for g in batch.groups])
+                        self._feed.done(batch.dropped_group_ids)
+                    await queue.finish_step.remote(self.version)
                 metrics["timing/gen"] = self._gen_clock.take()
                 history.append(await self._finish_step(metrics))
         finally:
-            await queue.close.remote()
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            await _close_queue(queue)
+            if producer is not None:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
             if queue_actor_name(cfg.gateway.sink) is not None:
                 ray.kill(queue)  # free the name for the next run in this Ray session
         self.save_checkpoint()
@@ -94,8 +110,34 @@ class AsyncTrainer(Trainer):
                 max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
                 stale_policy=cfg.trainer.stale_policy,
                 max_response_length=cfg.rollout.max_response_length,
+                version=self.version,
+                external_sources=name is not None,
             )
         )
+
+    async def _next_batch(
+        self, queue: ray.actor.ActorHandle, producer: asyncio.Task | None
+    ) -> TrainingBatch | None:
+        """The next batch; the producer's error instead, as soon as it fails."""
+        get = asyncio.ensure_future(
+            queue.get_batch.remote(timeout_s=self.cfg.trainer.batch_timeout_s)
+        )
+        if producer is not None:
+            await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                try:
+                    producer.result()
+                except Exception as error:
+                    raise RuntimeError(
+                        f"the rollout producer failed at step {self.step + 1}: "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
+                raise RuntimeError("the rollout producer stopped without an error")
+        try:
+            return await get
+        except (QueueStalled, BatchTimeout) as error:  # raised in the queue actor
+            raise getattr(error, "cause", error) from None
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
         """Dynamic sampling drops uninformative groups; the producer never regenerates."""
@@ -105,28 +147,83 @@ class AsyncTrainer(Trainer):
         return sampled(sampler, metrics)
 
     async def _produce(self, queue: ray.actor.ActorHandle) -> None:
-        """Start groups as the staleness rule allows; put each episode when it finishes."""
-        clock = _BusyClock()
-        self._gen_clock = clock
-        next_row_index = self.step * self.cfg.data.train_batch_size
-        rows: list[dict[str, Any]] = []
-        while True:
-            await queue.wait_for_capacity.remote()
-            for _ in range(await queue.reserve.remote(max_groups=self.cfg.data.train_batch_size)):
-                rows = rows or list(self.loader.next_batch())
-                group = make_requests(
-                    [rows.pop(0)],
-                    self.cfg.rollout.n,
-                    self.manager.default_sampling(),
-                    first_row_index=next_row_index,
-                )
-                next_row_index += 1
-                self._rows[group[0].group_id] = group[0].row
-                for request in group:
-                    clock.track(asyncio.create_task(self._run_one(request, queue)))
+        """Start groups as the staleness rule allows; put each episode when it finishes.
+
+        Raises the first error of an episode task (a failed episode is not an error)."""
+        assert self._feed is not None
+        clock = self._gen_clock
+        failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        episodes: set[asyncio.Task] = set()
+
+        def watch(task: asyncio.Task) -> None:
+            episodes.discard(task)
+            if not task.cancelled() and task.exception() and not failure.done():
+                failure.set_exception(task.exception())
+
+        try:
+            while True:
+                await _unless_failed(queue.wait_for_capacity.remote(), failure)
+                allowed = await queue.reserve.remote(max_groups=self.cfg.data.train_batch_size)
+                for _ in range(allowed):
+                    index, row = self._feed.next_row()
+                    group = make_requests(
+                        [row],
+                        self.cfg.rollout.n,
+                        self.manager.default_sampling(),
+                        first_row_index=index,
+                    )
+                    self._feed.start(group[0].group_id, index, row)
+                    for request in group:
+                        task = asyncio.create_task(self._run_one(request, queue))
+                        episodes.add(task)
+                        task.add_done_callback(watch)
+                        clock.track(task)
+        finally:
+            for task in episodes:
+                task.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
+            if failure.done():
+                failure.exception()  # raised above already; mark it retrieved
 
     async def _run_one(self, request: EpisodeRequest, queue: ray.actor.ActorHandle) -> None:
-        await queue.put.remote(await self.manager.submit(request))
+        await queue.put.remote(await self.manager.run(request))
+
+    # -- data position -----------------------------------------------------------------
+
+    def _row_loader(self) -> RowLoader | None:
+        loader = super()._row_loader()
+        self._feed = RowFeed(loader) if loader is not None else None
+        return loader
+
+    def _data_state(self) -> dict[str, Any]:
+        return {"row_feed": self._feed.state_dict() if self._feed is not None else None}
+
+    def _load_data_state(self, extra: dict[str, Any]) -> None:
+        if self._feed is None:
+            return
+        if extra.get("row_feed") is not None:
+            self._feed.load_state_dict(extra["row_feed"])
+        elif extra.get("loader") is not None:  # a synchronous run's checkpoint
+            super()._load_data_state(extra)
+            first = self.step * self.cfg.data.train_batch_size
+            self._feed = RowFeed(self.loader, next_index=first)
+
+
+async def _unless_failed(awaitable: Awaitable[T], failure: asyncio.Future[None]) -> T:
+    """``await awaitable``, or raise ``failure``'s exception as soon as it has one."""
+    task = asyncio.ensure_future(awaitable)
+    await asyncio.wait({task, failure}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        failure.result()
+    return task.result()
+
+
+async def _close_queue(queue: ray.actor.ActorHandle) -> None:
+    try:
+        await queue.close.remote()
+    except ray.exceptions.RayError as error:  # the queue died: the run is failing anyway
+        logger.warning("could not close the trajectory queue: %s", error)
 
 
 class _BusyClock:

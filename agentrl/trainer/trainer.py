@@ -39,6 +39,8 @@ from agentrl.trainer.samples import write_samples
 from agentrl.trainer.steps import (
     add_advantages,
     apply_rollout_correction,
+    mismatch_metrics,
+    mismatch_probe,
     sample_groups,
     sampled,
     score_episodes,
@@ -162,8 +164,7 @@ class Trainer:
                 "trainer (`agentrl train` without --sync)"
             )
         history = []
-        if self.version > 0:  # resumed: the servers still hold the initial weights
-            await self.sync.push_from(self.actor, self.version)
+        await self.serve_restored_weights()
         await self._maybe_validate(force=True)
         while self.step < self.cfg.trainer.total_steps:
             metrics: dict[str, float] = {}
@@ -270,6 +271,13 @@ class Trainer:
             logger.warning("step %d: %s", self.step + 1, error)
         return sampled(sampler, metrics)
 
+    async def serve_restored_weights(self) -> None:
+        """After a resume the servers still hold the initial weights: push the restored
+        ones, labelled with the restored version, before anything is generated."""
+        if self.version > 0:
+            await self.sync.push_from(self.actor, self.version)
+            logger.info("pushed the restored weights (version %d) to the servers", self.version)
+
     async def push_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout replica as the next version."""
         self.version += 1
@@ -279,10 +287,23 @@ class Trainer:
     async def _behaviour_log_probs(self, batch: Batch) -> dict[str, float]:
         if self.cfg.trainer.old_log_probs == "rollout":
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-            return {}
+            return await self._probe_mismatch(batch)
         out = await asyncio.to_thread(self.actor.compute_log_prob, batch)
         batch["old_log_probs"] = out["log_probs"]
         return apply_rollout_correction(batch, self.cfg.algorithm)
+
+    async def _probe_mismatch(self, batch: Batch) -> dict[str, float]:
+        """With the rollout's log-probs as behaviour policy nothing is recomputed, so
+        every ``trainer.mismatch_probe_every`` steps the actor recomputes a few rows to
+        measure the rollout/training mismatch (``mismatch/`` metrics)."""
+        every, rows = self.cfg.trainer.mismatch_probe_every, self.cfg.trainer.mismatch_probe_rows
+        if not every or self.step % every:
+            return {}
+        probe = mismatch_probe(batch, self.version, rows)
+        if probe is None:
+            return {}
+        out = await asyncio.to_thread(self.actor.compute_log_prob, probe)
+        return mismatch_metrics(probe, out["log_probs"])
 
     async def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         self.step += 1
@@ -320,8 +341,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
         path = self.run_dir / "checkpoints" / f"step_{self.step}"
-        loader = self.loader.state_dict() if self.loader is not None else None
-        extra = {"step": self.step, "version": self.version, "loader": loader}
+        extra = {"step": self.step, "version": self.version, **self._data_state()}
         self.actor.save_checkpoint(str(path), extra=extra)
         logger.info("saved checkpoint %s", path)
         return path
@@ -335,9 +355,16 @@ class Trainer:
             return
         extra = self.actor.load_checkpoint(str(checkpoints[-1]))
         self.step, self.version = extra["step"], extra["version"]
+        self._load_data_state(extra)
+        logger.info("resumed from %s at step %d", checkpoints[-1], self.step)
+
+    def _data_state(self) -> dict[str, Any]:
+        """The data position saved with a checkpoint."""
+        return {"loader": self.loader.state_dict() if self.loader is not None else None}
+
+    def _load_data_state(self, extra: dict[str, Any]) -> None:
         if self.loader is not None and extra.get("loader") is not None:
             self.loader.load_state_dict(extra["loader"])
-        logger.info("resumed from %s at step %d", checkpoints[-1], self.step)
 
     def _save_samples(self, samples: list[Sample]) -> None:
         count = self.cfg.trainer.samples_to_save

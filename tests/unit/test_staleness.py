@@ -120,3 +120,15 @@ def test_bound_holds_and_nothing_stale_is_trained_under_random_timings(eta, batc
 def test_rule_alone_keeps_staleness_when_episodes_finish_in_order(eta, batch, cap, seed):
     _, dropped = _simulate(eta, batch, cap, seed, in_order=True)
     assert dropped == 0
+
+
+def test_a_step_without_a_new_version_frees_a_batch_and_a_resume_starts_afresh():
+    c = StalenessController(max_staleness=0, batch_size=2, max_concurrency=10, version=7)
+    assert c.capacity == 2  # the budget counts steps of this run, not the version
+    c.start(2)
+    c.finish()
+    c.finish()
+    c.finish_step(7)  # the step made no update
+    assert (c.version, c.steps, c.capacity) == (7, 1, 2)
+    c.finish_step(8)
+    assert (c.version, c.steps, c.capacity) == (8, 2, 4)

@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult
-from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.rollout.queue import BatchTimeout, QueueStalled, TrajectoryQueue
 
 
 def _episode(group: str, k: int, version: int = 0, ok: bool = True) -> EpisodeResult:
@@ -158,3 +158,68 @@ async def test_no_episode_lost_or_duplicated_with_concurrent_producers_and_train
     assert len(produced) == len(set(produced)) == m["async/episodes_in"]
     assert len(produced) == len(consumed) + dropped + len(pending)
     assert set(consumed).isdisjoint(pending)
+
+
+async def test_a_step_without_an_update_still_frees_its_batch_slots():
+    q = _queue(max_staleness=0)
+    assert await q.reserve(10) == 2
+    for group in ("a", "b"):
+        for k in range(2):
+            await q.put(_episode(group, k))
+    await q.get_batch()
+    assert await q.reserve(10) == 0
+    await q.finish_step(0)  # the step skipped its update: still version 0
+    assert await q.reserve(10) == 2
+
+
+async def test_a_resumed_queue_measures_staleness_from_its_version_with_a_fresh_budget():
+    q = _queue(max_staleness=1, version=5)
+    assert await q.reserve(10) == 4  # (1 + 0 + 1) * 4 episodes, not (1 + 5 + 1) * 4
+    for group, version in (("a", 3), ("b", 5)):
+        for k in range(2):
+            await q.put(_episode(group, k, version=version))
+    getter = asyncio.create_task(q.get_batch())
+    await asyncio.sleep(0.01)
+    assert not getter.done()  # group a is 2 versions behind: dropped, b alone is no batch
+    for group in ("c", "d"):
+        for k in range(2):
+            await q.put(_episode(group, k, version=5))
+    batch = await asyncio.wait_for(getter, 1)
+    assert [g[0].group_id for g in batch.groups] == ["b", "c"]
+    assert batch.dropped_group_ids == ["a"]
+    assert batch.metrics["async/dropped_stale"] == 2
+
+
+async def test_get_batch_fails_at_once_when_no_batch_can_form():
+    q = _queue(max_staleness=0, max_concurrency=1)  # a group of 2 can never start
+    with pytest.raises(QueueStalled, match="room to start 1 more"):
+        await asyncio.wait_for(q.get_batch(), 1)
+
+
+async def test_get_batch_gives_up_after_its_timeout_and_says_what_it_holds():
+    q = _queue()
+    await q.reserve(1)
+    await q.put(_episode("a", 0))
+    with pytest.raises(BatchTimeout, match=r"0 complete groups.*\[1\].*1 episodes running"):
+        await q.get_batch(timeout_s=0.05)
+
+
+async def test_an_idle_producer_is_no_stall_when_external_episodes_may_come():
+    q = _queue(max_staleness=0, max_concurrency=1, external_sources=True)
+    with pytest.raises(BatchTimeout):
+        await q.get_batch(timeout_s=0.05)
+
+
+async def test_dropping_stale_episodes_wakes_a_producer_waiting_for_capacity():
+    q = _queue(max_staleness=0, batch_groups=1, version=1)
+    assert await q.reserve(10) == 1
+    await q.put(_episode("a", 0, version=0))  # one version behind at η = 0: stale
+    await q.put(_episode("a", 1, version=0))
+    waiter = asyncio.create_task(q.wait_for_capacity())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # both slots are taken by accepted episodes
+    getter = asyncio.create_task(q.get_batch())  # drops them and frees their slots
+    await asyncio.wait_for(waiter, 1)
+    assert await q.reserve(10) == 1
+    assert not getter.done()
+    getter.cancel()
