@@ -12,7 +12,7 @@ from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_
 from agentrl.cli import build_parser, main, parse_args
 from agentrl.config import describe_config
 
-COMMANDS = ("serve", "train", "eval", "plot", "bench")
+COMMANDS = ("serve", "train", "eval", "rollout", "plot", "bench")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -31,7 +31,7 @@ def test_every_command_and_option_has_a_description():
             )
 
 
-@pytest.mark.parametrize("name", ["serve", "train", "eval"])
+@pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout"])
 def test_config_commands_list_every_config_option_in_help(name):
     text = _subparsers(build_parser())[name].format_help()
     for line in describe_config():
@@ -129,3 +129,16 @@ def test_a_stray_option_is_still_an_error(capsys):
     with pytest.raises(SystemExit):
         parse_args(["train", "c.yaml", "--nope", "a=1"])
     assert "unrecognized arguments: --nope" in capsys.readouterr().err
+
+
+def test_rollout_command_takes_out_split_and_limit():
+    args = parse_args(["rollout", "run.yaml", "rollout.n=2", "--split", "val", "--limit", "3"])
+    assert (args.config, args.overrides, args.split, args.limit) == (
+        "run.yaml",
+        ["rollout.n=2"],
+        "val",
+        3,
+    )
+    assert args.out == "trajectories.jsonl"
+    with pytest.raises(SystemExit):
+        parse_args(["rollout", "run.yaml", "--split", "test"])

@@ -144,3 +144,16 @@ def test_reward_process_pool_imports_the_plugins_of_its_parent(tmp_path, monkeyp
     assert result.error is None
     assert result.score == 2.5  # the plugin's scorer, not the math fallback (0.0)
     assert result.info["pid"] != __import__("os").getpid()
+
+
+def test_gateway_application_hands_the_driver_plugins_to_its_replica(tmp_path, monkeypatch):
+    """The gateway replica imports `$AGENTRL_PLUGINS` at start; its app must carry them."""
+    from agentrl.server.gateway.deployment import build_gateway_app
+
+    _write(tmp_path, "plug_parsers.py", "")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_plugins(["plug_parsers"])
+    cfg = load_config(None, ["model.path=unused"])
+    app = build_gateway_app(cfg.gateway, cfg.model, cfg.server, namespace="test")
+    runtime_env = app._bound_deployment.ray_actor_options["runtime_env"]
+    assert json.loads(runtime_env["env_vars"][PLUGINS_ENV]) == ["plug_parsers"]
