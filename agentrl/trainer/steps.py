@@ -152,6 +152,32 @@ def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, fl
     return metrics
 
 
+def mismatch_probe(batch: Batch, version: int, max_rows: int) -> Batch | None:
+    """Up to ``max_rows`` rows of ``batch`` with tokens sampled by policy ``version``, their
+    ``response_mask`` restricted to those tokens; None when no row has one.
+
+    Recomputing log-probs on them with the actor at ``version`` measures the engine's
+    numerical mismatch alone: tokens of older versions differ by the policy change too."""
+    same = (batch["response_versions"] == version) & (batch["response_mask"] > 0)
+    rows = torch.nonzero(same.any(dim=-1)).flatten()[:max_rows]
+    if rows.numel() == 0:
+        return None
+    probe = {key: value[rows] for key, value in batch.items()}
+    probe["response_mask"] = same[rows].to(batch["response_mask"].dtype)
+    return probe
+
+
+def mismatch_metrics(probe: Batch, log_probs: torch.Tensor) -> dict[str, float]:
+    """``mismatch/`` metrics of the actor's ``log_probs`` on a ``mismatch_probe``."""
+    metrics = compute_mismatch_metrics(
+        log_probs, probe["rollout_log_probs"], probe["response_mask"]
+    )
+    return {
+        **{key: float(value) for key, value in metrics.items()},
+        "mismatch/probe_tokens": float(probe["response_mask"].sum()),
+    }
+
+
 def sample_groups(sampler: DynamicSampler[list[Sample]], samples: list[Sample]) -> None:
     """Give one generation batch to a DAPO dynamic ``sampler``, which keeps the groups
     whose samples did not all get the same score (may raise its ``DynamicSamplingError``)."""
