@@ -23,12 +23,9 @@ from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
+from agentrl.tools.render import template_supports_tools
 
 logger = logging.getLogger(__name__)
-
-
-def _template_supports_tools(tokenizer: Any) -> bool:
-    return "tools" in (tokenizer.chat_template or "")
 
 
 class AgentLoopWorker:
@@ -51,7 +48,7 @@ class AgentLoopWorker:
         schemas = [tool.tool_schema.to_dict() for tool in self.tools.values()]
         in_system_prompt = rollout.tools_in_system_prompt
         if in_system_prompt is None:
-            in_system_prompt = bool(schemas) and not _template_supports_tools(self.tokenizer)
+            in_system_prompt = bool(schemas) and not template_supports_tools(self.tokenizer)
         system_prompt = None
         if in_system_prompt and schemas:
             from agentrl.tools import tools_system_prompt

@@ -7,13 +7,11 @@ reference → advantages → update → sync.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import torch
 
-from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.algos import (
     AdvantageInputs,
     AlgorithmConfig,
@@ -28,6 +26,7 @@ from agentrl.algos import (
 )
 from agentrl.reward.manager import RewardManager, RewardRequest
 from agentrl.rollout.episode import EpisodeResult
+from agentrl.rollout.metrics import episode_info, rollout_metrics
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.dispatch import Batch
 
@@ -82,41 +81,6 @@ async def score_episodes(
     metrics["rollout/failed_episodes"] = float(len(episodes) - len(ok))
     metrics.update(rollout_metrics(ok))
     return samples, metrics
-
-
-def episode_info(output: AgentLoopOutput) -> dict[str, Any]:
-    """What a reward function gets in ``extra_info`` about the episode: ``num_turns`` and
-    ``rollout_metrics``, the scored output's numeric metrics (``tool_calls``,
-    ``tool_calls/ok``, ``tool_calls/malformed``, ...: see ``ToolAgentLoop``)."""
-    return {"num_turns": output.num_turns, "rollout_metrics": _numeric_metrics(output)}
-
-
-def _numeric_metrics(output: AgentLoopOutput) -> dict[str, int | float]:
-    return {k: v for k, v in output.metrics.items() if isinstance(v, int | float)}
-
-
-def rollout_metrics(episodes: list[EpisodeResult]) -> dict[str, float]:
-    """Turns, tool calls by outcome, lengths, drift and latency percentiles."""
-    outputs = [o for e in episodes for o in e.outputs]
-    if not outputs:
-        return {}
-    totals: Counter[str] = Counter()
-    for output in outputs:
-        totals.update(_numeric_metrics(output))
-    lengths = np.array([o.num_model_tokens for o in outputs], dtype=float)
-    latency = np.array([e.latency_s for e in episodes])
-    metrics = {
-        "rollout/num_turns/mean": float(np.mean([o.num_turns for o in outputs])),
-        "rollout/response_length/mean": float(lengths.mean()),
-        "rollout/response_length/max": float(lengths.max()),
-        "rollout/latency_s/p50": float(np.percentile(latency, 50)),
-        "rollout/latency_s/p99": float(np.percentile(latency, 99)),
-    }
-    for key, value in totals.items():
-        metrics[f"rollout/{key}"] = float(value) / len(outputs)
-    if totals.get("drift_checked"):
-        metrics["rollout/tokenization_drift"] = float(totals.get("tokenization_drift", 0))
-    return metrics
 
 
 def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, float]:
