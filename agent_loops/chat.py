@@ -142,12 +142,28 @@ class ChatRenderer:
         if first is None and len(accumulated_ids) > len(rendered):
             first = len(rendered)
         report = DriftReport(first is not None, first, len(accumulated_ids), len(rendered))
-        if report.drifted:
-            around = slice(max(0, first - 8), first + 8)
-            logger.warning(
-                "tokenization drift at token %d: accumulated %r vs rendered %r",
-                first,
-                self.tokenizer.decode(accumulated_ids[around]),
-                self.tokenizer.decode(rendered[around]),
-            )
+        if first is not None:
+            logger.warning("%s", describe_drift(self.tokenizer, accumulated_ids, rendered, first))
         return report
+
+
+def describe_drift(
+    tokenizer: Any, accumulated: list[int], rendered: list[int], first: int, context: int = 4
+) -> str:
+    """Where ``accumulated`` and ``rendered`` part: the ids around ``first``, token by token.
+
+    The two texts are often the same and only split into tokens differently (``"\n\n"``
+    as one token or two), so each side shows its ids from ``context`` tokens before the
+    first difference and the ``repr`` of each of those tokens' text.
+    """
+    start = max(0, first - context)
+
+    def side(ids: list[int]) -> str:
+        window = ids[start : first + context + 1]
+        return f"ids {window} = {[tokenizer.decode([i]) for i in window]!r}"
+
+    return (
+        f"tokenization drift at token {first} (accumulated {len(accumulated)} ids, rendered "
+        f"{len(rendered)}), from token {start}: accumulated {side(accumulated)} vs rendered "
+        f"{side(rendered)}"
+    )

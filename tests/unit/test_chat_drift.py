@@ -1,0 +1,59 @@
+"""The drift check's log line shows where accumulated and rendered ids part, token by token."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.agent_loops.chat import ChatRenderer, describe_drift
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def _same_text_split_differently(tokenizer) -> tuple[list[int], list[int]]:
+    """``"say a\\n\\nb"`` tokenized whole and in two pieces: one text, different ids."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    whole = encode("say a\n\nb")
+    pieces = encode("say a\n") + encode("\nb")
+    assert whole != pieces and tokenizer.decode(whole) == tokenizer.decode(pieces)
+    return pieces, whole
+
+
+def test_drift_line_shows_the_ids_and_tokens_where_they_part(tokenizer):
+    accumulated, rendered = _same_text_split_differently(tokenizer)
+    first = next(i for i, (a, b) in enumerate(zip(accumulated, rendered, strict=False)) if a != b)
+    line = describe_drift(tokenizer, accumulated, rendered, first, context=2)
+    start = max(0, first - 2)
+    assert line.startswith(f"tokenization drift at token {first} ")
+    assert f"accumulated {len(accumulated)} ids, rendered {len(rendered)}" in line
+    assert f"accumulated ids {accumulated[start : first + 3]}" in line
+    assert f"rendered ids {rendered[start : first + 3]}" in line
+    # Token by token the two sides differ where the decoded texts alone look the same.
+    assert repr([tokenizer.decode([i]) for i in accumulated[start : first + 3]]) in line
+    assert repr([tokenizer.decode([i]) for i in rendered[start : first + 3]]) in line
+    assert "'\\n\\n'" in line and "'\\n', '\\n'" in line
+
+
+def test_drift_line_at_the_start_and_past_the_shorter_side(tokenizer):
+    line = describe_drift(tokenizer, [67, 201, 201], [67], 1, context=4)
+    assert "from token 0: accumulated ids [67, 201, 201]" in line
+    assert "rendered ids [67] = ['a']" in line
+
+
+async def test_check_drift_logs_the_token_by_token_difference(tokenizer, caplog):
+    renderer = ChatRenderer(tokenizer)
+    messages = [{"role": "user", "content": "say a\n\nb"}]
+    rendered = renderer.encode_messages(messages, add_generation_prompt=False)
+    text = tokenizer.decode(rendered)
+    cut = text.index("\n\nb") + 1
+    accumulated = renderer.encode_text(text[:cut]) + renderer.encode_text(text[cut:])
+    with caplog.at_level(logging.WARNING, logger="agentrl.agent_loops.chat"):
+        report = await renderer.check_drift(messages, accumulated)
+    assert report.drifted
+    assert f"tokenization drift at token {report.first_difference} " in caplog.text
+    assert "'\\n\\n'" in caplog.text and "'\\n', '\\n'" in caplog.text
