@@ -10,9 +10,10 @@ given, from the environment: W&B when ``WANDB_PROJECT`` is set, MLflow when
 ``MLFLOW_TRACKING_URI`` is set. A backend picked by the environment whose package is not
 installed is skipped with a warning; one asked for by name is an error.
 
-With ``total_steps`` and a terminal, a live ``rich`` progress bar shows step/total,
-reward, accuracy, tokens/s, staleness and the ETA; every step is also logged as a
-console line (the only console output when stdout is not a terminal).
+Every step is one console line (``agentrl.progress``: step k/N, elapsed, ETA, reward,
+held-out accuracy ± SE, tool use); on a terminal a live ``rich`` bar shows the same above the
+prompt. The run directory keeps everything: ``metrics.jsonl`` (every metric of every step)
+and ``train.log`` (every log line of this process, and each step's main metrics).
 """
 
 from __future__ import annotations
@@ -31,11 +32,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from rich import get_console
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from agentrl.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
+# Each step's main metrics, for train.log only (the console has the progress line).
+_DETAILS = logging.getLogger(f"{__name__}.details")
+_DETAILS.propagate = False
+_DETAILS.setLevel(logging.INFO)
 
-CONSOLE_KEYS = (
+DETAIL_KEYS = (
     "reward/score/mean",
     "reward/acc/mean",
     "val/score/mean",
@@ -47,9 +53,8 @@ CONSOLE_KEYS = (
     "async/staleness/mean",
     "timing/step",
 )
-
-THROUGHPUT_KEY = "perf/tokens_per_s"
-"""Metric read as tokens/s when present; otherwise derived from length × episodes / step."""
+"""Metrics written to ``train.log`` after each step's console line."""
+LOG_FILE = "train.log"
 
 BackendName = Literal["wandb", "mlflow"]
 ENV_BACKENDS: dict[str, str] = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_TRACKING_URI"}
@@ -179,116 +184,21 @@ def make_backends(
     return made
 
 
-def tokens_per_second(scalars: dict[str, float]) -> float | None:
-    """``perf/tokens_per_s``, else generated tokens per second of step time, else None."""
-    if THROUGHPUT_KEY in scalars:
-        return scalars[THROUGHPUT_KEY]
-    try:
-        tokens = scalars["rollout/response_length/mean"] * scalars["trainer/episodes"]
-        seconds = scalars["timing/step"]
-    except KeyError:
-        return None
-    return tokens / seconds if seconds > 0 else None
-
-
-class StepClock:
-    """Estimates the time left from the steps seen so far (resumed runs included).
-
-    ETA = (total − step) × (elapsed since the first step seen) / (steps since then).
-    """
-
-    def __init__(self, total_steps: int) -> None:
-        self.total_steps = total_steps
-        self._first: tuple[int, float] | None = None
-        self._last: tuple[int, float] | None = None
-
-    def observe(self, step: int, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        if self._first is None:
-            self._first = (step, now)
-        self._last = (step, now)
-
-    def eta_s(self) -> float | None:
-        """Seconds to ``total_steps``; None until two different steps were seen."""
-        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
-            return None
-        (s0, t0), (s1, t1) = self._first, self._last
-        return max(self.total_steps - s1, 0) * (t1 - t0) / (s1 - s0)
-
-
-def _format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-:--:--"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
-class TrainingProgress:
-    """A live progress bar: step/total, reward, accuracy, tokens/s, staleness, ETA.
-
-    Keeps the latest value of every shown metric, so validation lines (``val/…``) and
-    training lines update the same bar.
-    """
-
-    SHOWN = (
-        ("reward", "reward/score/mean", "{:.3f}"),
-        ("acc", "reward/acc/mean", "{:.3f}"),
-        ("val acc", "val/acc/mean", "{:.3f}"),
-        ("tok/s", "tokens_per_s", "{:.0f}"),
-        ("staleness", "async/staleness/mean", "{:.2f}"),
-    )
-
-    def __init__(self, total_steps: int, console: Console | None = None) -> None:
-        self.clock = StepClock(total_steps)
-        self.latest: dict[str, float] = {}
-        self._progress = Progress(
-            TextColumn("[bold]training"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[summary]}"),
-            TextColumn("ETA {task.fields[eta]}"),
-            console=console,
-        )
-        self._task = self._progress.add_task("training", total=total_steps, summary="", eta="")
-        self._progress.start()
-
-    def update(self, step: int, scalars: dict[str, float]) -> None:
-        self.latest.update(scalars)
-        throughput = tokens_per_second(scalars)
-        if throughput is not None:
-            self.latest["tokens_per_s"] = throughput
-        self.clock.observe(step)
-        self._progress.update(
-            self._task, completed=step, summary=self.summary(), eta=_format_duration(self.eta())
-        )
-
-    def summary(self) -> str:
-        return "  ".join(
-            f"{label} {fmt.format(self.latest[key])}"
-            for label, key, fmt in self.SHOWN
-            if key in self.latest
-        )
-
-    def eta(self) -> float | None:
-        return self.clock.eta_s()
-
-    def close(self) -> None:
-        self._progress.stop()
-
-
 class MetricsLogger:
     """Writes every step's metrics to ``run_dir/metrics.jsonl`` and the other sinks.
 
     Args:
         run_dir: the run directory (created if missing).
         tensorboard: also write TensorBoard event files (when tensorboard is installed).
-        total_steps: show a live progress bar out of this many steps (terminals only).
+        total_steps: the run's length: console lines read ``step k/N`` with an ETA, and a
+            terminal shows a live progress bar.
         backends: extra backends by name (``"wandb"``, ``"mlflow"``) or ready objects;
             None = those switched on by the environment (see the module docstring).
-        progress: allow the progress bar (False: console lines only).
+        progress: allow the live progress bar (False: console lines only).
         console: the rich console of the progress bar (default: the global one, which
             the CLI's log handler shares, so log lines print above the bar).
+        log_file: also write this process's log lines to ``run_dir/log_file`` while the
+            logger is open (None: no file).
     """
 
     def __init__(
@@ -300,6 +210,7 @@ class MetricsLogger:
         backends: Sequence[str | TrackingBackend] | None = None,
         progress: bool = True,
         console: Console | None = None,
+        log_file: str | None = LOG_FILE,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -314,11 +225,16 @@ class MetricsLogger:
                 logger.info("tensorboard not installed: metrics go to JSONL and console only")
         self.backends = make_backends(self.run_dir, backends)
         console = console or get_console()
-        self.progress = (
-            TrainingProgress(total_steps, console)
-            if progress and total_steps and console.is_terminal
-            else None
-        )
+        live = progress and bool(total_steps) and console.is_terminal
+        self.progress = TrainingProgress(total_steps, console, live=live)
+        self._file_handler: logging.Handler | None = None
+        if log_file:
+            self._file_handler = logging.FileHandler(self.run_dir / log_file)
+            self._file_handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+            logging.getLogger().addHandler(self._file_handler)
+            _DETAILS.addHandler(self._file_handler)
         self._closed = False
 
     @classmethod
@@ -354,24 +270,25 @@ class MetricsLogger:
                     step,
                 )
                 self.backends.remove(backend)
-        if self.progress is not None:
-            self.progress.update(step, scalars)
-        shown = "  ".join(f"{k}={scalars[k]:.4g}" for k in CONSOLE_KEYS if k in scalars)
-        logger.info("step %d  %s", step, shown)
+        line = self.progress.update(step, scalars)
+        if line is not None:
+            logger.info("%s", line)
+        shown = "  ".join(f"{k}={scalars[k]:.4g}" for k in DETAIL_KEYS if k in scalars)
+        _DETAILS.info("step %d  %s", step, shown)
         return scalars
 
     def stop_progress(self) -> None:
-        """Remove the progress bar (console lines go on), e.g. for an evaluation."""
-        if self.progress is not None:
-            self.progress.close()
-            self.progress = None
+        """Remove the live progress bar (console lines go on), e.g. for an evaluation."""
+        self.progress.stop_live()
 
     def close(self) -> None:
         """Flush and close every sink (safe to call twice)."""
         if self._closed:
             return
         self._closed = True
-        self.stop_progress()
+        line = self.progress.close()
+        if line is not None:
+            logger.info("%s", line)
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
@@ -380,6 +297,10 @@ class MetricsLogger:
                 backend.close()
             except Exception:
                 logger.exception("tracking backend %s failed to close", backend.name)
+        if self._file_handler is not None:
+            logging.getLogger().removeHandler(self._file_handler)
+            _DETAILS.removeHandler(self._file_handler)
+            self._file_handler.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

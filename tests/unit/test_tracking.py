@@ -1,4 +1,4 @@
-"""MetricsLogger sinks: JSONL, W&B and MLflow (fake modules), the rich progress bar."""
+"""MetricsLogger sinks: JSONL, train.log, W&B and MLflow (fake modules), the progress bar."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from rich.console import Console
 
 from agentrl.tracking import (
     MetricsLogger,
-    StepClock,
     TrackingConfig,
     make_backends,
-    tokens_per_second,
 )
 
 
@@ -149,7 +147,7 @@ def test_progress_bar_on_a_terminal_shows_step_reward_accuracy_throughput_and_et
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=200)
     tracker = MetricsLogger(tmp_path, False, total_steps=10, console=console)
-    assert tracker.progress is not None
+    assert tracker.progress.live
     tracker.log(0, {"val/acc/mean": 0.125})
     for step in (1, 2, 3):
         tracker.log(
@@ -164,7 +162,9 @@ def test_progress_bar_on_a_terminal_shows_step_reward_accuracy_throughput_and_et
             },
         )
     summary = tracker.progress.summary()
-    assert summary == "reward 0.500  acc 0.250  val acc 0.125  tok/s 200  staleness 0.75"
+    assert summary == (
+        "reward 0.500  acc 0.250  held-out acc 0.125 (step 0)  tok/s 200  staleness 0.75"
+    )
     assert tracker.progress.eta() is not None
     tracker.close()
     text = out.getvalue()
@@ -174,30 +174,13 @@ def test_progress_bar_on_a_terminal_shows_step_reward_accuracy_throughput_and_et
 
 
 def test_no_progress_bar_without_a_terminal_or_total_steps(tmp_path):
-    assert MetricsLogger(tmp_path, False, total_steps=5, console=_plain_console()).progress is None
+    plain = _plain_console()
+    assert not MetricsLogger(tmp_path, False, total_steps=5, console=plain).progress.live
     terminal = Console(file=io.StringIO(), force_terminal=True)
-    assert MetricsLogger(tmp_path, False, console=terminal).progress is None
-    assert (
-        MetricsLogger(tmp_path, False, total_steps=5, progress=False, console=terminal).progress
-        is None
-    )
-
-
-def test_eta_extrapolates_from_the_steps_seen_since_the_first():
-    clock = StepClock(total_steps=10)
-    clock.observe(2, now=100.0)  # a resumed run starts at step 2
-    assert clock.eta_s() is None
-    clock.observe(2, now=103.0)  # validation at the same step
-    assert clock.eta_s() is None
-    clock.observe(4, now=120.0)
-    assert clock.eta_s() == pytest.approx(6 * 10.0)
-
-
-def test_tokens_per_second_prefers_the_explicit_metric():
-    assert tokens_per_second({"perf/tokens_per_s": 42.0, "timing/step": 1.0}) == 42.0
-    derived = {"rollout/response_length/mean": 10.0, "trainer/episodes": 4.0, "timing/step": 2.0}
-    assert tokens_per_second(derived) == 20.0
-    assert tokens_per_second({"timing/step": 2.0}) is None
+    assert not MetricsLogger(tmp_path, False, console=terminal).progress.live
+    assert not MetricsLogger(
+        tmp_path, False, total_steps=5, progress=False, console=terminal
+    ).progress.live
 
 
 def test_from_config_builds_the_configured_sinks(tmp_path, monkeypatch):
@@ -206,7 +189,7 @@ def test_from_config_builds_the_configured_sinks(tmp_path, monkeypatch):
     cfg = TrackingConfig(backends=["mlflow"], tensorboard=False, progress=False)
     with MetricsLogger.from_config(tmp_path, cfg, total_steps=3) as tracker:
         assert [b.name for b in tracker.backends] == ["mlflow"]
-        assert tracker.progress is None
+        assert not tracker.progress.live
     assert not (tmp_path / "tensorboard").exists()
 
 
@@ -214,7 +197,7 @@ def test_the_progress_bar_can_be_removed_while_logging_goes_on(tmp_path):
     console = Console(file=io.StringIO(), force_terminal=True)
     tracker = MetricsLogger(tmp_path, False, total_steps=4, console=console)
     tracker.stop_progress()
-    assert tracker.progress is None
+    assert not tracker.progress.live
     tracker.log(1, {"val/acc/mean": 0.5})
     tracker.close()
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
@@ -226,7 +209,7 @@ def test_the_default_console_is_richs_global_one_that_log_handlers_share(tmp_pat
     shared = Console(file=io.StringIO(), force_terminal=True)
     monkeypatch.setattr(rich, "_console", shared)  # what rich.get_console() returns
     tracker = MetricsLogger(tmp_path, False, total_steps=4)
-    assert tracker.progress is not None
+    assert tracker.progress.live
     tracker.log(1, {"reward/score/mean": 0.5})
     tracker.close()
     assert "1/4" in shared.file.getvalue()
