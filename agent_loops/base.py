@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agentrl.agent_loops.chat import ChatRenderer
+from agentrl.agent_loops.config import RolloutConfig
 from agentrl.agent_loops.output import AgentLoopOutput
-from agentrl.config import RolloutConfig
 from agentrl.server.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import ToolCallParser

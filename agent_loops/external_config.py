@@ -1,17 +1,18 @@
 """``ExternalAgentConfig``: how the ``external`` agent loop starts a user's agent.
 
-Kept free of agent-loop imports so ``agentrl.config`` can hold it as ``rollout.external``.
+Kept free of agent-loop imports so the ``rollout`` section (``agentrl.agent_loops.config``)
+can hold it as ``rollout.external`` without loading the loops.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.core.config import Section
 
 
-class ExternalAgentConfig(BaseModel):
+class ExternalAgentConfig(Section):
     """Settings of ``ExternalAgentLoop`` (``rollout.external.*``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     entrypoint: str | None = Field(
         None,

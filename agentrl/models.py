@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentrl.config import ModelConfig
+    from agentrl.core.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

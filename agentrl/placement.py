@@ -29,18 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.core.config import Section
 
 logger = logging.getLogger(__name__)
 
 
-class _Section(BaseModel):
-    """Unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TrainerPlacementConfig(_Section):
+class TrainerPlacementConfig(Section):
     """The trainer pool: how FSDP ranks are grouped onto nodes."""
 
     strategy: Literal["STRICT_PACK", "PACK", "none"] = Field(
@@ -70,7 +66,7 @@ class TrainerPlacementConfig(_Section):
     )
 
 
-class RolloutPlacementConfig(_Section):
+class RolloutPlacementConfig(Section):
     """The rollout pool: which nodes take Ray Serve rollout replicas."""
 
     node_resource: str | None = Field(
@@ -80,7 +76,7 @@ class RolloutPlacementConfig(_Section):
     )
 
 
-class PlacementConfig(_Section):
+class PlacementConfig(Section):
     """Resource pools of a (multi-node) Ray cluster: trainer ranks vs rollout replicas."""
 
     trainer: TrainerPlacementConfig = Field(default_factory=TrainerPlacementConfig)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import ModelConfig
+from agentrl.server.config import EngineConfig
 from agentrl.server.engine import RolloutEngine
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import ModelConfig
+from agentrl.server.config import EngineConfig
 from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.hf_kv import KV, DecodeBatch, PrefixCache, prefill
 from agentrl.server.hf_sampling import HFRequest, make_generator

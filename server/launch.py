@@ -9,9 +9,10 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from agentrl.config import ModelConfig, RayConfig, ServerConfig
+from agentrl.core.config import ModelConfig, RayConfig
 from agentrl.models import resolve_model_config
 from agentrl.server.client import ServerClient
+from agentrl.server.config import ServerConfig
 from agentrl.server.deployment import DEPLOYMENT_NAME, build_rollout_app
 
 logger = logging.getLogger(__name__)

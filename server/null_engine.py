@@ -16,7 +16,8 @@ import itertools
 import logging
 from typing import Any
 
-from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import ModelConfig
+from agentrl.server.config import EngineConfig
 from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.types import (
     PauseMode,

@@ -1,25 +1,23 @@
 """The ``algorithm`` section of the config tree: advantages, losses, KL, DAPO, rollout IS.
 
-Defined here (not in ``agentrl.config``) so that ``agentrl.algos`` depends on torch
-and pydantic alone; the root config mounts :class:`AlgorithmConfig` as ``algorithm``.
+Defined here (not in ``agentrl.config``) so that ``agentrl.algos`` depends on torch,
+pydantic and the config base of ``agentrl.core`` alone; the root config mounts
+:class:`AlgorithmConfig` as ``algorithm``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from agentrl.algos.kl import AdaptiveKLController, FixedKLController, KLController, KLEstimator
 from agentrl.algos.loss_agg import LossAggMode
 from agentrl.algos.rollout_is import RolloutISLevel, RolloutISMode, resolve_is_thresholds
+from agentrl.core.config import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class PolicyLossConfig(_Section):
+class PolicyLossConfig(Section):
     """How the policy-gradient loss is formed and reduced."""
 
     loss_mode: str = Field(
@@ -74,7 +72,7 @@ class PolicyLossConfig(_Section):
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
-class KLConfig(_Section):
+class KLConfig(Section):
     """KL to the reference policy (in the reward or as a loss) and the entropy bonus."""
 
     use_kl_in_reward: bool = Field(
@@ -105,7 +103,7 @@ class KLConfig(_Section):
         return FixedKLController(self.kl_coef)
 
 
-class DynamicSamplingConfig(_Section):
+class DynamicSamplingConfig(Section):
     """DAPO dynamic sampling: train only on groups whose rewards differ."""
 
     enable: bool = Field(False, description="Drop groups whose rewards are all equal.")
@@ -118,7 +116,7 @@ class DynamicSamplingConfig(_Section):
     )
 
 
-class OverlongConfig(_Section):
+class OverlongConfig(Section):
     """DAPO soft overlong punishment."""
 
     enable: bool = Field(False, description="Penalise responses that run into the buffer.")
@@ -128,7 +126,7 @@ class OverlongConfig(_Section):
     penalty_factor: float = Field(1.0, ge=0, description="Penalty at the max response length.")
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     """RL algorithm knobs; the rollout IS fields keep the names of the rollout IS spec."""
 
     adv_estimator: str = Field(

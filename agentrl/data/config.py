@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from agentrl.core.config import Section
 
 __all__ = ["DataConfig"]
 
 
-class DataConfig(BaseModel):
+class DataConfig(Section):
     """Where prompts come from and how they are shuffled, filtered and batched."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     train_files: list[str] = Field(
         default_factory=list,

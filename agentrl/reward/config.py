@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.core.config import Section
 
 __all__ = ["RewardConfig"]
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(Section):
     """Which reward function scores responses, and how calls to it are run."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     reward_fn_path: str | None = Field(
         None,

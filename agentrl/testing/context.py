@@ -6,7 +6,7 @@ from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
-from agentrl.config import RolloutConfig
+from agentrl.agent_loops.config import RolloutConfig
 from agentrl.ids import new_id
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser

@@ -1,24 +1,20 @@
-"""Configuration of the FSDP2 training workers: actor, reference and critic.
+"""The trainer's sections: ``trainer`` (the fit loop) and ``workers`` (FSDP2 ranks).
 
-``WorkersConfig`` is the section the trainer reads; the model location and dtype of
-the weights on disk come from the global ``model`` section and are passed to the
-workers separately.
+``WorkersConfig`` configures the actor, reference and critic workers; the model location
+and dtype of the weights on disk come from the core ``model`` section and are passed to
+the workers separately. Pydantic only: importing this module loads no trainer code.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.core.config import Section
 
 
-class _Section(BaseModel):
-    """Unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class OptimConfig(_Section):
+class OptimConfig(Section):
     """AdamW and its learning-rate schedule (indexed by training step = one update call)."""
 
     lr: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
@@ -41,7 +37,7 @@ class OptimConfig(_Section):
     )
 
 
-class FSDPConfig(_Section):
+class FSDPConfig(Section):
     """How one model is sharded and computed on its ranks."""
 
     param_dtype: Literal["float32", "bfloat16"] = Field(
@@ -72,7 +68,7 @@ class FSDPConfig(_Section):
     )
 
 
-class LoRAConfig(_Section):
+class LoRAConfig(Section):
     """Low-rank adapters via `peft` (rank 0 = full fine-tuning)."""
 
     rank: int = Field(0, ge=0, description="LoRA rank; 0 disables LoRA.")
@@ -84,7 +80,7 @@ class LoRAConfig(_Section):
     )
 
 
-class _WorkerSection(_Section):
+class _WorkerSection(Section):
     """Placement and forward settings shared by every role."""
 
     world_size: int = Field(1, ge=1, description="FSDP ranks (Ray actors) of this role.")
@@ -147,9 +143,95 @@ class CriticConfig(_TrainableSection):
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
 
 
-class WorkersConfig(_Section):
+class WorkersConfig(Section):
     """The training workers of one run."""
 
     actor: ActorConfig = Field(default_factory=ActorConfig)
     ref: ReferenceConfig = Field(default_factory=ReferenceConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(20, ge=1, description="Training steps (policy updates).")
+    run_dir: str = Field(
+        "runs/latest", description="Run directory: config, metrics, checkpoints, samples."
+    )
+    val_every: int = Field(
+        0, ge=0, description="Validate every N steps (and before the first); 0 = never."
+    )
+    val_n: int = Field(1, ge=1, description="Samples per validation prompt (mean@k).")
+    val_temperature: float = Field(0.0, ge=0, description="Validation sampling temperature.")
+    save_every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 = only at the end.")
+    resume: bool = Field(True, description="Resume from the run directory's last checkpoint.")
+    old_log_probs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="Behaviour log-probs for the PPO ratio: recomputed by the actor before "
+        "the update, or the rollout engine's own (skips a forward pass).",
+    )
+    mismatch_probe_every: int = Field(
+        1,
+        ge=0,
+        description="old_log_probs=rollout: every N steps (0 = never) the actor recomputes "
+        "the log-probs of a few rows to measure the rollout/training mismatch "
+        "(`mismatch/` metrics, on the tokens sampled by the version the actor holds). "
+        "old_log_probs=recompute measures it on every batch.",
+    )
+    mismatch_probe_rows: int = Field(
+        8, ge=1, description="Rows the mismatch probe recomputes (mismatch_probe_every)."
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Async training: how many policy versions rollouts may run ahead "
+        "(0 = synchronous, 1 = one-step-off-policy).",
+    )
+    stale_policy: Literal["drop", "downweight"] = Field(
+        "drop", description="What to do with episodes more than max_staleness versions old."
+    )
+    agent_loop_episodes: bool = Field(
+        True,
+        description="Async training: run agent loops over `data.train_files` to produce "
+        "episodes. False = train only on episodes from the gateway's queue sink (finished "
+        "sessions of free-running OpenAI clients, `gateway.sink: queue`); then "
+        "`data.train_files` may be empty.",
+    )
+    weight_sync_pause_mode: Literal["keep", "abort", "wait"] = Field(
+        "keep",
+        description="How in-flight generation is paused during a weight push "
+        "(keep: held and resumed under the new weights).",
+    )
+    weight_sync_bucket_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Bucket size of a weight push (object store or broadcast); a decoder "
+        "layer is never split.",
+    )
+    weight_sync: Literal["object_store", "nccl", "gloo"] = Field(
+        "object_store",
+        description="How new weights reach the rollout replicas. object_store: through the "
+        "Ray object store (CPU or GPU). nccl: broadcast from the actor's rank 0 to every vLLM "
+        "worker of every replica over a NCCL group of their own (GPU clusters). gloo: the "
+        "same broadcast over gloo (CPU). nccl/gloo need engine.backend=vllm.",
+    )
+    weight_sync_join_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="nccl/gloo: seconds every rollout worker has to join the broadcast group "
+        "(formed at the first push, again when replicas change) before the push fails.",
+    )
+    weight_sync_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="nccl/gloo: limit of one bucket broadcast, which also waits for every "
+        "replica to pause (weight_sync_pause_mode=wait waits for running requests).",
+    )
+    samples_to_save: int = Field(
+        4, ge=0, description="Trajectories rendered to the run directory each step."
+    )
+    batch_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Async training: seconds to wait for one training batch before the run "
+        "stops with an error saying what the queue holds and what is running (a batch "
+        "that can never form stops the run at once).",
+    )

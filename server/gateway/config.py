@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.core.config import Section
 
 
-class GatewayConfig(BaseModel):
+class GatewayConfig(Section):
     """Settings of the gateway (``gateway.*``).
 
     The gateway is served by Ray Serve's HTTP proxy, so it listens on
     ``server.http_host:server.http_port`` (127.0.0.1 by default) under ``route_prefix``.
     """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = Field(
         False, description="Start the gateway with `agentrl serve` (in front of the rollout app)."

@@ -11,10 +11,11 @@ from ray import serve
 from ray.serve import Application
 from transformers import AutoTokenizer
 
-from agentrl.config import ModelConfig, ServerConfig
+from agentrl.core.config import ModelConfig
 from agentrl.models import resolve_model_config, short_model_name
 from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.client import ServerClient
+from agentrl.server.config import ServerConfig
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.gateway.app import build_app
 from agentrl.server.gateway.config import GatewayConfig
