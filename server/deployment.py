@@ -13,8 +13,9 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
-from agentrl.config import EngineConfig, ModelConfig, ServerConfig
+from agentrl.core.config import ModelConfig
 from agentrl.server.collective import node_ip
+from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
 from agentrl.server.types import PauseMode, SamplingParams, TokenOutput
