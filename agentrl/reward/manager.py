@@ -20,6 +20,7 @@ import asyncio
 import logging
 import math
 import numbers
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -120,6 +121,9 @@ def reward_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
                 values.setdefault(key, []).append(float(value))
     for key, vals in values.items():
         metrics[f"reward/{key}/mean"] = sum(vals) / len(vals)
+        if len(vals) > 1:
+            # Standard error of the mean (validation prints accuracy ± this).
+            metrics[f"reward/{key}/se"] = statistics.stdev(vals) / math.sqrt(len(vals))
     return metrics
 
 

@@ -31,6 +31,8 @@ async def test_builtin_math_scoring_of_a_batch():
     assert batch.results[1].info == {"acc": 0.0, "pred": "5"}
     assert batch.metrics["reward/score/mean"] == pytest.approx(2 / 3)
     assert batch.metrics["reward/acc/mean"] == pytest.approx(2 / 3)
+    # Standard error of the mean: sample std (ddof=1) / sqrt(n) = sqrt((1/3) / 3).
+    assert batch.metrics["reward/acc/se"] == pytest.approx(1 / 3)
     assert batch.metrics["reward/errors"] == 0 and batch.metrics["reward/timeouts"] == 0
 
 
