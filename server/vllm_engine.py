@@ -287,6 +287,10 @@ class VLLMEngine(RolloutEngine):
                 await self._stage_tensors(tensors)
                 await self._commit_staged(version, PauseMode.KEEP, reset_cache=False)
             return
+        await self._load_in_place(tensors, version)
+
+    async def _load_in_place(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load checked ``tensors`` into the live model as one reload, label ``version``."""
         async with self._control:
             await self._check_whole_modules([name for name, _ in tensors])
             chunks = self._chunk_by_module(tensors)
@@ -295,15 +299,7 @@ class VLLMEngine(RolloutEngine):
                 await self._pause_engine(PauseMode.KEEP)
             start = time.perf_counter()
             try:
-                for i, chunk in enumerate(chunks):
-                    encoded = [encode_tensor(name, t) for name, t in chunk]
-                    try:
-                        await self._llm.collective_rpc("agentrl_load_weights", args=(encoded,))
-                    except Exception as exc:
-                        raise RuntimeError(
-                            f"loading weight message {i + 1}/{len(chunks)} failed; the "
-                            f"engine may hold a mix of old and new weights: {exc}"
-                        ) from exc
+                await self._reload(chunks)
                 await self._llm.update_weight_version(str(version))
                 self._version = version
                 self._counters.weight_updates += 1
@@ -317,6 +313,26 @@ class VLLMEngine(RolloutEngine):
             time.perf_counter() - start,
             version,
         )
+
+    async def _reload(self, chunks: list[list[tuple[str, torch.Tensor]]]) -> None:
+        """One in-place reload in the workers, fed one message per chunk.
+
+        One reload per push, not per message: vLLM's reload warns about (and keeps the old
+        tensors of) every layer a reload did not receive.
+        """
+        await self._llm.collective_rpc("agentrl_reload_begin")
+        try:
+            for i, chunk in enumerate(chunks):
+                encoded = [encode_tensor(name, t) for name, t in chunk]
+                try:
+                    await self._llm.collective_rpc("agentrl_load_weights", args=(encoded,))
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"loading weight message {i + 1}/{len(chunks)} failed; the "
+                        f"engine may hold a mix of old and new weights: {exc}"
+                    ) from exc
+        finally:
+            await self._llm.collective_rpc("agentrl_reload_end")
 
     async def swap_weights(
         self,
@@ -342,8 +358,10 @@ class VLLMEngine(RolloutEngine):
             return await self._commit_staged(version, pause_mode, reset_cache=True)
 
     async def _update_buckets(self, buckets: Sequence[NamedTensors], version: int) -> None:
-        for named_tensors in buckets:
-            await self.update_weights(named_tensors, version)
+        """All ``buckets`` checked, then loaded as one reload (see ``_reload``)."""
+        await self._load_in_place(
+            self._validate_update(itertools.chain.from_iterable(buckets)), version
+        )
 
     async def _swap_in_place(self, load: Callable[[], Awaitable[None]], mode: PauseMode) -> float:
         """Pause → ``load`` → reset prefix cache → resume, timed like a staged swap."""

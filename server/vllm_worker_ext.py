@@ -6,10 +6,15 @@ these methods run inside every worker process and are reached with
 
 Tensors travel as ``(name, dtype, shape, raw bytes)``: ``collective_rpc`` serializes its
 arguments with msgpack/pickle, and tensors nested in containers do not survive that trip
-as tensors. The weights are loaded with the worker's ``reload_weights`` (vLLM's layerwise
-in-place reload), which maps checkpoint-style names onto fused/sharded vLLM parameters and
-re-runs the per-layer post-processing that CPU kernels need; calling the model's
-``load_weights`` directly skips that processing.
+as tensors. The weights are loaded with vLLM's layerwise in-place reload (what the worker's
+``reload_weights`` runs: ``initialize_layerwise_reload`` → ``model.load_weights`` →
+``finalize_layerwise_reload``), which maps checkpoint-style names onto fused/sharded vLLM
+parameters and re-runs the per-layer post-processing that CPU kernels need; calling the
+model's ``load_weights`` alone skips that processing. One push is one reload
+(``InPlaceReload``), however many messages or buckets carry it: vLLM's reload treats every
+layer that received nothing as a failure (``<Layer>: Failed to load weights``, then puts its
+current tensors back), so a reload per bucket logged one warning per layer of every other
+bucket on every push.
 
 The ``agentrl_*_group`` / ``agentrl_receive_weights`` methods are the worker side of
 ``CollectiveBroadcastSync``: each worker is one rank of a weight-broadcast group
@@ -84,36 +89,34 @@ class WeightSyncExtension:
         mapping = getattr(model, "packed_modules_mapping", None) or {}
         return {fused: list(parts) for fused, parts in mapping.items()}
 
+    def agentrl_reload_begin(self) -> bool:
+        """Open an in-place reload that the next ``agentrl_load_weights`` calls fill."""
+        if getattr(self, "_agentrl_open_reload", None) is not None:
+            raise RuntimeError("an in-place weight reload is already open on this worker")
+        self._agentrl_open_reload = InPlaceReload(self)
+        return True
+
     def agentrl_load_weights(self, tensors: list[EncodedTensor]) -> int:
-        """Load checkpoint-format tensors in place; returns how many were received."""
+        """Load checkpoint-format tensors in place; returns how many were received.
 
-        def weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for item in tensors:
-                yield decode_tensor(item)
-
-        self._agentrl_reload(weights())
-        logger.debug("reloaded %d tensors", len(tensors))
+        Into the reload ``agentrl_reload_begin`` opened, else as a reload of their own.
+        """
+        weights = (decode_tensor(item) for item in tensors)
+        reload: InPlaceReload | None = getattr(self, "_agentrl_open_reload", None)
+        if reload is None:
+            InPlaceReload(self).run(weights)
+        else:
+            reload.load(weights)
+        logger.debug("loaded %d tensors", len(tensors))
         return len(tensors)
 
-    def _agentrl_reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The worker's ``reload_weights`` in place, then rebuild the kernels of tied modules."""
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        load_weights = model.load_weights
-        loaded: set[str] = set()
-
-        def recording_load_weights(*args: Any, **kwargs: Any) -> Any:
-            names = load_weights(*args, **kwargs)
-            loaded.update(names or ())
-            return names
-
-        # The reload calls model.load_weights; an instance attribute records what it loaded.
-        model.load_weights = recording_load_weights
-        try:
-            self.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
-        finally:
-            del model.load_weights
-        with torch.no_grad():
-            rebuild_tied_kernels(model, {name.rpartition(".")[0] for name in loaded})
+    def agentrl_reload_end(self) -> int:
+        """Finish the open reload (also after a failed load); returns modules reloaded."""
+        reload: InPlaceReload | None = getattr(self, "_agentrl_open_reload", None)
+        self._agentrl_open_reload = None
+        if reload is None:
+            raise RuntimeError("no in-place weight reload is open on this worker")
+        return len(reload.finish())
 
     def agentrl_join_group(
         self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
@@ -141,10 +144,17 @@ class WeightSyncExtension:
         if group is None:
             raise RuntimeError("this worker is not in a weight-broadcast group")
         count = 0
-        for plan in plans_from_wire(plans):
-            tensors = group.receive_bucket(plan)
-            self._agentrl_reload(tensors)
-            count += len(tensors)
+
+        def received() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for plan in plans_from_wire(plans):
+                tensors = group.receive_bucket(plan)
+                count += len(tensors)
+                yield from tensors
+
+        # One reload for all buckets: a layer's tensors are never split across buckets, so
+        # vLLM processes each layer as soon as its bucket arrived and frees the bucket.
+        InPlaceReload(self).run(received())
         logger.debug("received and reloaded %d tensors", count)
         return count
 
@@ -445,6 +455,7 @@ class StagedWeights:
                 count += 1
                 yield item
 
+        quiet_expected_reload_fallbacks(shadow)
         initialize_layerwise_reload(shadow)
         try:
             loaded = shadow.load_weights(counted())
@@ -474,6 +485,129 @@ class StagedWeights:
         if derived != known:
             logger.info("staged swap exchanges these module attributes too: %s", sorted(derived))
         return reloaded, count
+
+
+class InPlaceReload:
+    """One layerwise in-place reload of a worker's live model, filled by one or more loads.
+
+    ``initialize_layerwise_reload`` on creation, ``model.load_weights`` per ``load``, and on
+    ``finish`` ``finalize_layerwise_reload``, the tied modules' kernels rebuilt and the
+    runner's caches derived from the weights dropped (what the worker's ``reload_weights``
+    does, spread over several messages). Generation must be paused from creation to finish:
+    layers not loaded yet sit on the meta device in between.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            initialize_layerwise_reload,
+        )
+
+        self._worker = worker
+        self.model: torch.nn.Module = worker.model_runner.get_model()
+        self.loaded: set[str] = set()  # vLLM parameter names
+        quiet_expected_reload_fallbacks(self.model)
+        with self._config_context():
+            initialize_layerwise_reload(self.model)
+
+    def _config_context(self) -> Any:
+        from vllm.config import set_current_vllm_config
+
+        return set_current_vllm_config(self._worker.vllm_config)
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load checkpoint-format ``(name, tensor)`` pairs (each module's all at once)."""
+        with self._config_context(), torch.no_grad():
+            names = self.model.load_weights(weights)
+        if names is None:
+            raise NotImplementedError(
+                f"{type(self.model).__name__}.load_weights does not report what it loaded"
+            )
+        self.loaded.update(names)
+
+    def finish(self) -> set[str]:
+        """Process what was loaded; returns the names of the modules reloaded."""
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        with self._config_context(), torch.no_grad():
+            finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
+            reloaded = {name.rpartition(".")[0] for name in self.loaded}
+            reloaded |= rebuild_tied_kernels(self.model, reloaded)
+        runner = self._worker.model_runner
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+        return reloaded
+
+    def run(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """``load`` then ``finish`` (``finish`` also when the load fails)."""
+        try:
+            self.load(weights)
+        finally:
+            reloaded = self.finish()
+        return reloaded
+
+
+_LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_FALLBACK_MESSAGE = "%s: Failed to load weights"
+
+
+class _ExpectedFallbacks(logging.Filter):
+    """Drops vLLM's ``<Layer>: Failed to load weights`` for layers that have no weights.
+
+    vLLM's reload counts a layer's buffers as weights to load and, when a reload gave a
+    layer nothing, warns and puts the layer's current tensors back. Some layers never get
+    anything from a checkpoint, so this is logged at every push and is harmless:
+    ``RotaryEmbedding`` holds only its cos/sin cache, computed from the model config, and
+    a tied LM head's weight is the embedding's (loaded as the embedding, and the head's
+    kernel rebuilt by ``rebuild_tied_kernels``). The warning still shows for every other
+    layer class: for those it means a push left the layer's old weights in place.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_classes: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == _FALLBACK_MESSAGE
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] in self.layer_classes
+        )
+
+
+_EXPECTED_FALLBACKS = _ExpectedFallbacks()
+
+
+def weightless_layer_classes(model: torch.nn.Module) -> set[str]:
+    """Class names of ``model``'s layers that no checkpoint tensor loads.
+
+    A layer qualifies when it has tensors but no parameter of its own: only buffers (a
+    rotary embedding's cache), or parameters that an earlier module owns (a tied head).
+    A class qualifies when every one of its layers does.
+    """
+    seen: set[int] = set()
+    weightless: set[str] = set()
+    weighted: set[str] = set()
+    for module in model.modules():
+        params = [p for p in module._parameters.values() if p is not None]
+        buffers = [b for b in module._buffers.values() if b is not None]
+        own = [p for p in params if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        name = type(module).__name__
+        if own:
+            weighted.add(name)
+        elif params or buffers:
+            weightless.add(name)
+    return weightless - weighted
+
+
+def quiet_expected_reload_fallbacks(model: torch.nn.Module) -> None:
+    """Keep vLLM's reload from warning, at every push, about ``model``'s weightless layers."""
+    _EXPECTED_FALLBACKS.layer_classes |= weightless_layer_classes(model)
+    layerwise = logging.getLogger(_LAYERWISE_LOGGER)
+    if _EXPECTED_FALLBACKS not in layerwise.filters:
+        layerwise.addFilter(_EXPECTED_FALLBACKS)
 
 
 def rebuild_tied_kernels(model: torch.nn.Module, reloaded: set[str]) -> set[str]:
