@@ -31,7 +31,7 @@ from agentrl.server.gateway.protocol import (
 )
 from agentrl.server.gateway.sessions import CallRecord, Completion, Session, SessionStore
 from agentrl.server.gateway.sink import TrajectorySink
-from agentrl.server.gateway.template import ChatTemplate, TemplateError
+from agentrl.server.gateway.template import GatewayTemplate, TemplateError
 from agentrl.server.types import RolloutError, SamplingParams, TokenOutput
 from agentrl.tools.parsers import get_tool_parser
 
@@ -132,7 +132,7 @@ class GatewayService:
         self.max_model_len = max_model_len
         self.sink = sink
         self.store = SessionStore(sink, config.max_sessions, config.session_ttl_s)
-        self.template = ChatTemplate(tokenizer) if tokenizer.chat_template else None
+        self.template = GatewayTemplate(tokenizer) if tokenizer.chat_template else None
         get_tool_parser(config.tool_parser)  # fail at start-up on an unknown parser name
 
     # ----------------------------------------------------------------- preparation

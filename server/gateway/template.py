@@ -16,20 +16,19 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from agentrl.chat_template import ChatTemplate as ToolsTemplate
-from agentrl.chat_template import TemplateError, text_encoder
+from agentrl.chat_template import ChatTemplate, TemplateError, text_encoder
 from agentrl.tools.render import (
     template_supports_tools,
     tools_system_prompt,
     with_tools_system_prompt,
 )
 
-__all__ = ["ChatTemplate", "TemplateError"]
+__all__ = ["GatewayTemplate", "TemplateError"]
 
 _MAX_TOOL_LISTS = 256
 
 
-class ChatTemplate:
+class GatewayTemplate:
     """Renders and tokenizes conversations with a tokenizer's chat template (synchronous)."""
 
     def __init__(self, tokenizer: Any) -> None:
@@ -41,14 +40,14 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.supports_tools = template_supports_tools(tokenizer)
         self._special_ids = set(tokenizer.all_special_ids)
-        self._by_tools: OrderedDict[str, ToolsTemplate] = OrderedDict()
+        self._by_tools: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._encode = text_encoder(tokenizer)
 
-    def _for(self, tools: list[dict[str, Any]] | None) -> ToolsTemplate:
+    def _for(self, tools: list[dict[str, Any]] | None) -> ChatTemplate:
         key = json.dumps(tools or None, sort_keys=True, default=str)
         template = self._by_tools.get(key)
         if template is None:
-            template = self._by_tools[key] = ToolsTemplate(self.tokenizer, tools)
+            template = self._by_tools[key] = ChatTemplate(self.tokenizer, tools)
             if len(self._by_tools) > _MAX_TOOL_LISTS:
                 self._by_tools.popitem(last=False)
         self._by_tools.move_to_end(key)
