@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from agentrl.algos import AlgorithmConfig, agg_loss, get_policy_loss, kl_loss, value_loss
+from agentrl.algos import (
+    AlgorithmConfig,
+    agg_loss,
+    entropy_bonus,
+    get_policy_loss,
+    kl_loss,
+    value_loss,
+)
 from agentrl.trainer.micro_batch import Metrics, MicroBatch, PolicyLossFn, ValueLossFn
 
 
@@ -64,7 +71,14 @@ def make_actor_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
             ent = agg_loss(entropy, mask, mode, norm_constant=norm, denominator=denominator)
             metrics["entropy"] = ent.detach()
             if cfg.kl.entropy_coeff > 0:
-                loss = loss - cfg.kl.entropy_coeff * ent
+                loss = loss + entropy_bonus(
+                    entropy,
+                    mask,
+                    cfg.kl.entropy_coeff,
+                    mode,
+                    norm_constant=norm,
+                    denominator=denominator,
+                )
         return loss, metrics
 
     return loss_fn
