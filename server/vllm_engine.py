@@ -36,8 +36,9 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import ModelConfig
 from agentrl.server.collective import BucketPlan, plans_from_wire, unpack
+from agentrl.server.config import EngineConfig
 from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.types import (
     PauseMode,
