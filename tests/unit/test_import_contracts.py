@@ -88,15 +88,7 @@ _LOOPS_FORBID = ("agentrl.trainer.*", "agentrl.algos.*")
 
 CONTRACTS = [
     Contract("agentrl.server.deployment", _SERVER_FORBIDS),
-    pytest.param(
-        Contract("agentrl.server.vllm_engine", _SERVER_FORBIDS),
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="server/vllm_engine.py still imports EngineConfig, ModelConfig from the "
-            "composed agentrl.config; they come from agentrl.server.config and "
-            "agentrl.core.config once that file's open edit lands (then drop this mark)",
-        ),
-    ),
+    Contract("agentrl.server.vllm_engine", _SERVER_FORBIDS),
     Contract("agentrl.server.gateway.deployment", _SERVER_FORBIDS),
     Contract("agentrl.agent_loops.tool_agent", _LOOPS_FORBID),
     Contract("agentrl.agent_loops.external", _LOOPS_FORBID),
