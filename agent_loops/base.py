@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.config import RolloutConfig
-from agentrl.agent_loops.output import AgentLoopOutput
-from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.core.trajectory import AgentLoopOutput
+from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import ToolCallParser
 

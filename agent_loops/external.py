@@ -33,9 +33,9 @@ import httpx
 
 from agentrl.agent_loops.base import AgentLoopBase
 from agentrl.agent_loops.external_config import ExternalAgentConfig
-from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.server.types import SamplingParams
+from agentrl.core.trajectory import AgentLoopOutput
+from agentrl.core.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -135,24 +135,12 @@ class ExternalAgentLoop(AgentLoopBase):
         return await _run_command(cfg.command, sample, endpoint)
 
     def _outputs(self, trajectory: dict[str, Any]) -> list[AgentLoopOutput]:
-        limit = self.config.max_response_length
+        """The samples of the gateway's finished-session JSON, cut to the response limit."""
         session_metrics = trajectory.get("metrics", {})
-        outputs = []
-        for sample in trajectory.get("samples", []):
-            truncated = len(sample["response_ids"]) > limit
-            outputs.append(
-                AgentLoopOutput(
-                    prompt_ids=sample["prompt_ids"],
-                    response_ids=sample["response_ids"][:limit],
-                    response_mask=sample["response_mask"][:limit],
-                    response_logprobs=sample["response_logprobs"][:limit],
-                    response_versions=sample["response_versions"][:limit],
-                    num_turns=sample["num_turns"],
-                    reward=sample["reward"],
-                    metrics={**session_metrics, **sample["metrics"]},
-                    extra={**sample["extra"], "truncated": truncated},
-                )
-            )
+        outputs = [AgentLoopOutput(**sample) for sample in trajectory.get("samples", [])]
+        for output in outputs:
+            output.metrics = {**session_metrics, **output.metrics}
+            output.truncate(self.config.max_response_length)
         return outputs
 
 

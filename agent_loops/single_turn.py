@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopBase
-from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.agent_loops.trajectory import TrajectoryBuilder
-from agentrl.server.types import SamplingParams
+from agentrl.core.trajectory import AgentLoopOutput, TrajectoryBuilder
+from agentrl.core.types import SamplingParams
 
 
 @register_agent_loop("single_turn")

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from agentrl.core.types import SamplingParams
 from agentrl.server.client import ServerClient
-from agentrl.server.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import ray
 import torch
 
+from agentrl.core.types import PauseMode
 from agentrl.server.client import ServerClient
 from agentrl.server.collective import (
     BACKENDS,
@@ -43,7 +44,6 @@ from agentrl.server.collective import (
     bucket_plans,
     plan_wire,
 )
-from agentrl.server.types import PauseMode
 
 logger = logging.getLogger(__name__)
 

@@ -35,10 +35,10 @@ from transformers import AutoTokenizer
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.tool_calls import ToolCallExecutor
 from agentrl.config import load_config
+from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.server.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool, ToolResponse
 from agentrl.tools.parsers import get_tool_parser
 

@@ -38,10 +38,10 @@ from rich.table import Table
 from transformers import AutoTokenizer
 
 from agentrl.config import load_config
+from agentrl.core.types import SamplingParams
 from agentrl.models import resolve_model_path
 from agentrl.server.client import ServerClient
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
-from agentrl.server.types import SamplingParams
 
 logger = logging.getLogger("bench.prefix_affinity")
 RESULTS = Path(__file__).parent / "results" / "prefix_affinity.json"

@@ -55,7 +55,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
-from agentrl.server.types import SamplingParams, TokenOutput  # noqa: E402
+from agentrl.core.types import SamplingParams, TokenOutput  # noqa: E402
 
 TURNS = 4
 SINGLE_TOKENS = 8

@@ -111,7 +111,7 @@ def _max_gap(stamps: list[float], start: float, end: float) -> float:
 
 async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]) -> dict:
     from agentrl.config import EngineConfig, ModelConfig
-    from agentrl.server.types import PauseMode, SamplingParams
+    from agentrl.core.types import PauseMode, SamplingParams
     from agentrl.server.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(

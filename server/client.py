@@ -20,8 +20,8 @@ from tenacity import (
     stop_after_attempt,
 )
 
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 from agentrl.server.affinity import AffinityStats, affinity_stats
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 

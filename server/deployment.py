@@ -14,11 +14,11 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from agentrl.core.config import ModelConfig
+from agentrl.core.types import PauseMode, SamplingParams, TokenOutput
 from agentrl.server.collective import node_ip
 from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
-from agentrl.server.types import PauseMode, SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 

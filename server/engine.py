@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams, TokenOutput
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 

@@ -23,18 +23,18 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentrl.core.config import ModelConfig
-from agentrl.server.config import EngineConfig
-from agentrl.server.engine import NamedTensors, RolloutEngine
-from agentrl.server.hf_kv import KV, DecodeBatch, PrefixCache, prefill
-from agentrl.server.hf_sampling import HFRequest, make_generator
-from agentrl.server.types import (
+from agentrl.core.types import (
+    INITIAL_WEIGHT_VERSION,
     PauseMode,
     RolloutError,
     SamplingParams,
     TokenOutput,
-    check_prompt,
-    clamp_max_tokens,
 )
+from agentrl.server.checks import check_prompt, clamp_max_tokens
+from agentrl.server.config import EngineConfig
+from agentrl.server.engine import NamedTensors, RolloutEngine
+from agentrl.server.hf_kv import KV, DecodeBatch, PrefixCache, prefill
+from agentrl.server.hf_sampling import HFRequest, make_generator
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class HFEngine(RolloutEngine):
         self._finished: list[HFRequest] = []  # finished in the worker, output not yet delivered
         self._requests: dict[str, HFRequest] = {}
         self._mode: PauseMode | None = None
-        self._version = 0
+        self._version = INITIAL_WEIGHT_VERSION
         self._epoch = 0  # bumped by every weight update: KV of an older epoch is stale
         self._seeds = random.Random(engine.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)

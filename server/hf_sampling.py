@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.core.types import SamplingParams, TokenOutput
 
 
 @dataclass(eq=False)

@@ -17,16 +17,16 @@ import logging
 from typing import Any
 
 from agentrl.core.config import ModelConfig
-from agentrl.server.config import EngineConfig
-from agentrl.server.engine import NamedTensors, RolloutEngine
-from agentrl.server.types import (
+from agentrl.core.types import (
+    INITIAL_WEIGHT_VERSION,
     PauseMode,
     RolloutError,
     SamplingParams,
     TokenOutput,
-    check_prompt,
-    clamp_max_tokens,
 )
+from agentrl.server.checks import check_prompt, clamp_max_tokens
+from agentrl.server.config import EngineConfig
+from agentrl.server.engine import NamedTensors, RolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class NullEngine(RolloutEngine):
             raise ValueError("server.engine.null_token_ids is empty: give at least one token id")
         self._cfg = engine
         self._tokens = list(engine.null_token_ids)
-        self._version = 0
+        self._version = INITIAL_WEIGHT_VERSION
         self._mode: PauseMode | None = None
         self._resumed = asyncio.Event()
         self._resumed.set()

@@ -37,17 +37,17 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from agentrl.core.config import ModelConfig
-from agentrl.server.collective import BucketPlan, plans_from_wire, unpack
-from agentrl.server.config import EngineConfig
-from agentrl.server.engine import NamedTensors, RolloutEngine
-from agentrl.server.types import (
+from agentrl.core.types import (
+    INITIAL_WEIGHT_VERSION,
     PauseMode,
     RolloutError,
     SamplingParams,
     TokenOutput,
-    check_prompt,
-    clamp_max_tokens,
 )
+from agentrl.server.checks import check_prompt, clamp_max_tokens
+from agentrl.server.collective import BucketPlan, plans_from_wire, unpack
+from agentrl.server.config import EngineConfig
+from agentrl.server.engine import NamedTensors, RolloutEngine
 from agentrl.server.vllm_worker_ext import encode_tensor
 
 logger = logging.getLogger(__name__)
@@ -55,8 +55,6 @@ logger = logging.getLogger(__name__)
 WORKER_EXTENSION = "agentrl.server.vllm_worker_ext.WeightSyncExtension"
 # Upper bound of one weight-update message; a fused module is never split across messages.
 _UPDATE_CHUNK_BYTES = 512 * 1024**2
-# vLLM labels the weights "default" until the first update_weight_version call.
-_INITIAL_VERSION = 0
 _FINISH_REASONS = ("stop", "length", "abort")
 # How often a staged load is polled (each poll is one short engine-core call).
 _STAGE_POLL_S = 0.01
@@ -123,11 +121,12 @@ def _module_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[s
 
 
 def _to_version(label: str) -> int:
-    """The integer policy version behind a vLLM weight-version label."""
+    """The integer policy version behind a vLLM weight-version label ("default" until the
+    first ``update_weight_version`` call: the initial weights)."""
     try:
         return int(label)
     except ValueError:
-        return _INITIAL_VERSION
+        return INITIAL_WEIGHT_VERSION
 
 
 class VLLMEngine(RolloutEngine):
@@ -170,7 +169,7 @@ class VLLMEngine(RolloutEngine):
         # tensor name -> vLLM module and module -> tensor names; filled on the first update
         self._module_of: dict[str, str] = {}
         self._module_members: dict[str, set[str]] = {}
-        self._version = _INITIAL_VERSION
+        self._version = INITIAL_WEIGHT_VERSION
         self._paused = False
         self._closed = False
         self._warned_cpu_seed = False

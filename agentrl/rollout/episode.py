@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.agent_loops.output import AgentLoopOutput, TrajectoryError
+from agentrl.core.trajectory import AgentLoopOutput
+from agentrl.core.types import SamplingParams
 from agentrl.ids import new_id
-from agentrl.server.types import SamplingParams
 
 
 @dataclass
@@ -56,20 +56,19 @@ EXTERNAL_AGENT_NAME = "gateway"
 
 def episode_from_session(
     session_id: str,
-    samples: list[dict[str, Any]],
+    samples: list[AgentLoopOutput],
     reward: float | None,
     group_id: str,
     sample_index: int = 0,
     max_response_length: int | None = None,
 ) -> EpisodeResult:
     """The ``EpisodeResult`` of a finished gateway session (``external``; episode id =
-    session id, so one session is one episode).
+    session id, so one session is one episode), taking over its ``samples``.
 
-    ``samples`` are the gateway's ``AgentLoopOutput``-shaped dicts. Their rewards are
-    kept (the session ``reward`` when given, else each sample's sum of per-call rewards,
-    0.0 for a sample without one); a session with no reward at all, no samples, or
-    malformed samples is a failed episode. Responses longer than ``max_response_length``
-    are cut (``extra["truncated"]``), as ``ExternalAgentLoop`` does.
+    Their rewards are kept (the session ``reward`` when given, else each sample's sum of
+    per-call rewards, 0.0 for a sample without one); a session with no reward at all or
+    no samples is a failed episode. Responses longer than ``max_response_length`` are
+    cut (``extra["truncated"]``), as ``ExternalAgentLoop`` does.
     """
     episode = EpisodeResult(
         session_id, group_id, -1, sample_index, EXTERNAL_AGENT_NAME, external=True
@@ -77,36 +76,17 @@ def episode_from_session(
     if not samples:
         episode.error = f"gateway session {session_id} recorded no model calls"
         return episode
-    rewards = [reward if reward is not None else sample.get("reward") for sample in samples]
+    rewards = [reward if reward is not None else sample.reward for sample in samples]
     if all(r is None for r in rewards):
         episode.error = (
             f"gateway session {session_id} finished without a reward (POST "
             "/v1/sessions/{id}/reward or a `reward` in the finish body)"
         )
         return episode
-    limit = max_response_length or None
-    try:
-        for sample, sample_reward in zip(samples, rewards, strict=True):
-            n = len(sample["response_ids"])
-            episode.outputs.append(
-                AgentLoopOutput(
-                    prompt_ids=list(sample["prompt_ids"]),
-                    response_ids=list(sample["response_ids"][:limit]),
-                    response_mask=list(sample["response_mask"][:limit]),
-                    response_logprobs=list(sample["response_logprobs"][:limit]),
-                    response_versions=list(sample["response_versions"][:limit]),
-                    num_turns=int(sample.get("num_turns", 0)),
-                    reward=float(sample_reward or 0.0),
-                    metrics=dict(sample.get("metrics") or {}),
-                    extra={
-                        **(sample.get("extra") or {}),
-                        "truncated": limit is not None and n > limit,
-                    },
-                )
-            )
-    except (KeyError, TypeError, ValueError, TrajectoryError) as exc:
-        episode.outputs = []
-        episode.error = f"gateway session {session_id}: malformed sample ({exc!r})"
+    for sample, sample_reward in zip(samples, rewards, strict=True):
+        sample.reward = float(sample_reward or 0.0)
+        sample.truncate(max_response_length or None)
+    episode.outputs = samples
     return episode
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import ray
 
 from agentrl.config import AgentRLConfig
+from agentrl.core.types import SamplingParams
 from agentrl.plugins import import_plugins
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.server.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult
 
 __all__ = ["episode_info", "numeric_metrics", "rollout_metrics"]

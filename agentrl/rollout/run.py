@@ -48,8 +48,8 @@ from typing import IO, Any, Literal
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.config import AgentRLConfig, ConfigError
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.data import build_dataset, parse_row
 from agentrl.plugins import import_plugins
 from agentrl.reward.manager import RewardManager, RewardRequest, RewardResult, reward_metrics

@@ -6,9 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopBase
-from agentrl.agent_loops.output import AgentLoopOutput
-from agentrl.agent_loops.trajectory import TrajectoryBuilder
-from agentrl.server.types import SamplingParams
+from agentrl.core.trajectory import AgentLoopOutput, TrajectoryBuilder
+from agentrl.core.types import SamplingParams
 
 FOLLOW_UPS = ("Go on.", "And then?", "Finish.")
 

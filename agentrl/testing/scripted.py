@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.core.types import SamplingParams, TokenOutput
 
 
 @dataclass

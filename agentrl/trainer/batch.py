@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.trainer.dispatch import Batch
 
 

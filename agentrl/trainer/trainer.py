@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from agentrl.algos import DynamicSampler, DynamicSamplingError
 from agentrl.config import AgentRLConfig
+from agentrl.core.types import SamplingParams
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
 from agentrl.placement import rollout_actor_resources
@@ -29,7 +30,6 @@ from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
-from agentrl.server.types import SamplingParams
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.dispatch import Batch

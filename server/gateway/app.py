@@ -224,7 +224,7 @@ def build_app(service: GatewayService) -> FastAPI:
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> JSONResponse:
-        """The recorded trajectory (AgentLoopOutput-shaped samples) and session metrics."""
+        """The recorded trajectory (each sample's ``AgentLoopOutput`` fields) and metrics."""
         await service.store.sweep()
         return JSONResponse(service.store.get(session_id).to_json())
 

@@ -12,6 +12,7 @@ from ray.serve import Application
 from transformers import AutoTokenizer
 
 from agentrl.core.config import ModelConfig
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.models import resolve_model_config, short_model_name
 from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.client import ServerClient
@@ -74,7 +75,7 @@ class Gateway:
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_app(self.service)
 
-    async def drain_sink(self) -> list[tuple[str, list[dict[str, Any]], float | None]]:
+    async def drain_sink(self) -> list[tuple[str, list[AgentLoopOutput], float | None]]:
         """Finished sessions held by the in-memory sink (emptied); [] for other sinks."""
         sink = self.service.sink
         return sink.drain() if isinstance(sink, InMemorySink) else []

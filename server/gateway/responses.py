@@ -7,10 +7,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from agentrl.core.types import TokenOutput
 from agentrl.server.gateway.decoding import token_strings
 from agentrl.server.gateway.errors import GatewayError, error_body
 from agentrl.server.gateway.service import CallResult, Choice, PreparedCall
-from agentrl.server.types import TokenOutput
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
+from agentrl.core.types import RolloutError, SamplingParams, TokenOutput
 from agentrl.ids import new_id
 from agentrl.server.client import ReplicaFailure
 from agentrl.server.gateway.config import GatewayConfig
@@ -32,7 +33,6 @@ from agentrl.server.gateway.protocol import (
 from agentrl.server.gateway.sessions import CallRecord, Completion, Session, SessionStore
 from agentrl.server.gateway.sink import TrajectorySink
 from agentrl.server.gateway.template import GatewayTemplate, TemplateError
-from agentrl.server.types import RolloutError, SamplingParams, TokenOutput
 from agentrl.tools.parsers import get_tool_parser
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,8 @@ A session is one episode of an external agent. Each generated choice becomes a
 ``CallRecord`` (prompt ids, completion ids, logprobs, policy versions). A new call whose
 prompt ids start with an earlier record's prompt + completion *continues* it: the ids in
 between are the environment's (tool results, user turns; mask 0). Records that continue
-one another form one sample:
+one another form one sample, an ``AgentLoopOutput`` built with the agent loops'
+``TrajectoryBuilder``:
 
     prompt_ids   = first call's prompt
     response_ids = completion₁ + delta₂ + completion₂ + delta₃ + ...   (mask 1, 0, 1, 0, ...)
@@ -25,17 +26,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentrl.core.trajectory import AgentLoopOutput, TrajectoryBuilder
+from agentrl.core.types import TokenOutput
 from agentrl.server.gateway.errors import GatewayError
 from agentrl.server.gateway.sink import SessionInfo, TrajectorySink, accepts_info
-from agentrl.server.types import TokenOutput
 
 logger = logging.getLogger(__name__)
-
-ENV_TOKEN_VERSION = -1
-"""``response_versions`` of tokens the model did not generate (same value as the loops')."""
 
 
 @dataclass
@@ -192,48 +191,31 @@ class Session:
         given = [self.call_rewards[c] for c in dict.fromkeys(call_ids) if c in self.call_rewards]
         return sum(given) if given else None
 
-    def build_sample(self, chain: list[int]) -> dict[str, Any]:
-        """One ``AgentLoopOutput``-shaped dict for a chain of record indices."""
+    def build_sample(self, chain: list[int]) -> AgentLoopOutput:
+        """The training sample of a chain of record indices."""
         records = [self.records[i] for i in chain]
-        first = records[0]
-        ids: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        num_turns = 0
-        position = len(first.prompt_ids)
+        prompt_ids = records[0].prompt_ids
+        trajectory = TrajectoryBuilder(list(prompt_ids))
+        position = len(prompt_ids)
         for record in records:
             delta = record.prompt_ids[position:]
             if delta:
-                ids += delta
-                mask += [0] * len(delta)
-                logprobs += [0.0] * len(delta)
-                versions += [ENV_TOKEN_VERSION] * len(delta)
-                num_turns += 1
-            ids += record.completion_ids
-            mask += [1] * len(record.completion_ids)
-            logprobs += record.logprobs
-            versions += record.versions
-            num_turns += 1
+                trajectory.add_env_tokens(delta)
+            trajectory.add_model_tokens(record.completion_ids, record.logprobs, record.versions)
             position = len(record.prompt_ids) + len(record.completion_ids)
         call_ids = [r.call_id for r in records]
-        return {
-            "prompt_ids": list(first.prompt_ids),
-            "response_ids": ids,
-            "response_mask": mask,
-            "response_logprobs": logprobs,
-            "response_versions": versions,
-            "num_turns": num_turns,
-            "reward": self.sample_reward(call_ids),
-            "metrics": {"gateway/sample_calls": len(records)},
-            "extra": {
+        sample = trajectory.build(
+            metrics={"gateway/sample_calls": len(records)},
+            extra={
                 "session_id": self.session_id,
                 "call_ids": call_ids,
                 "finish_reasons": [r.finish_reason for r in records],
                 "replica_ids": [r.replica_id for r in records],
                 "turn_rewards": [self.call_rewards.get(c) for c in call_ids],
             },
-        }
+        )
+        sample.reward = self.sample_reward(call_ids)
+        return sample
 
     def metrics(self) -> dict[str, float]:
         names = ("calls", "continued_calls", "divergences", "branches", "reused_prompt_tokens")
@@ -242,7 +224,7 @@ class Session:
         }
 
     def to_json(self) -> dict[str, Any]:
-        """The recorded trajectory: session state, metrics and one dict per sample."""
+        """The recorded trajectory: session state, metrics and each sample as a dict."""
         return {
             "session_id": self.session_id,
             "finished": self.finished,
@@ -252,7 +234,7 @@ class Session:
             "group_id": self.group_id,
             "managed": self.managed,
             "metrics": self.metrics(),
-            "samples": [self.build_sample(chain) for chain in self.samples],
+            "samples": [asdict(self.build_sample(chain)) for chain in self.samples],
         }
 
 

@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from agentrl.core.trajectory import AgentLoopOutput
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_NAME = "agentrl-trajectory-queue"
@@ -41,14 +43,13 @@ class SessionInfo:
 class TrajectorySink(Protocol):
     """Receives each finished session once.
 
-    ``samples`` are ``AgentLoopOutput``-shaped dicts (``prompt_ids``, ``response_ids``,
-    ``response_mask``, ``response_logprobs``, ``response_versions``, ``num_turns``,
-    ``reward``, ``metrics``, ``extra``); ``reward`` is the session reward, if one was given.
+    ``samples`` are the session's training samples (``AgentLoopOutput``, each with its
+    reward if one was given); ``reward`` is the session reward, if one was given.
     ``info`` (``SessionInfo``) is passed when ``put`` accepts a fourth argument.
     """
 
     async def put(
-        self, session_id: str, samples: list[dict[str, Any]], reward: float | None
+        self, session_id: str, samples: list[AgentLoopOutput], reward: float | None
     ) -> None: ...
 
 
@@ -70,17 +71,17 @@ class InMemorySink:
     """Keeps the last ``capacity`` finished sessions in the gateway's memory."""
 
     def __init__(self, capacity: int = 10_000) -> None:
-        self._items: deque[tuple[str, list[dict[str, Any]], float | None]] = deque(maxlen=capacity)
+        self._items: deque[tuple[str, list[AgentLoopOutput], float | None]] = deque(maxlen=capacity)
 
     async def put(
-        self, session_id: str, samples: list[dict[str, Any]], reward: float | None
+        self, session_id: str, samples: list[AgentLoopOutput], reward: float | None
     ) -> None:
         self._items.append((session_id, samples, reward))
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def drain(self) -> list[tuple[str, list[dict[str, Any]], float | None]]:
+    def drain(self) -> list[tuple[str, list[AgentLoopOutput], float | None]]:
         """Every stored session, oldest first; the sink is empty afterwards."""
         items = list(self._items)
         self._items.clear()
@@ -105,7 +106,7 @@ class QueueSink:
         self._name = queue if isinstance(queue, str) else None
         self._queue = None if isinstance(queue, str) else queue
         self._namespace = namespace
-        self._held: deque[tuple[str, list[dict[str, Any]], float | None, str | None]] = deque(
+        self._held: deque[tuple[str, list[AgentLoopOutput], float | None, str | None]] = deque(
             maxlen=capacity
         )
         self._lock = asyncio.Lock()
@@ -115,7 +116,7 @@ class QueueSink:
     async def put(
         self,
         session_id: str,
-        samples: list[dict[str, Any]],
+        samples: list[AgentLoopOutput],
         reward: float | None,
         info: SessionInfo | None = None,
     ) -> None:
@@ -163,7 +164,7 @@ class QueueSink:
     async def _put_session(
         self,
         session_id: str,
-        samples: list[dict[str, Any]],
+        samples: list[AgentLoopOutput],
         reward: float | None,
         group_id: str | None,
     ) -> Any:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION
+from agentrl.core.trajectory import ENV_TOKEN_VERSION
+from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.server.types import SamplingParams
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.tools import BaseTool, FunctionCall, ToolResponse
 from agentrl.tools.parsers import ParsedTurn, ToolCallParser, register_tool_parser

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agentrl.core.types import SamplingParams
 from agentrl.server.collective import CollectiveSyncError
-from agentrl.server.types import SamplingParams
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.trainer.config import ActorConfig
 from agentrl.trainer.group import ActorGroup

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.server.factory import create_engine
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

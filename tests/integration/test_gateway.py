@@ -25,9 +25,9 @@ from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig
+from agentrl.core.types import SamplingParams
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, start_gateway
-from agentrl.server.types import SamplingParams
 from agentrl.testing.context import loop_context
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.testing.tools import ADD_TOOL_SCHEMA

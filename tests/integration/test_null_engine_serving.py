@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
+from agentrl.core.types import SamplingParams
 from agentrl.server.null_engine import NULL_LOGPROB
-from agentrl.server.types import SamplingParams
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

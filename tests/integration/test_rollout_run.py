@@ -34,7 +34,7 @@ QUESTIONS = ("What is 2 + 2?", "What is 3 * 5?")
 USER_MODULE = """
 from agentrl.agent_loops.base import AgentLoopBase
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.agent_loops.trajectory import TrajectoryBuilder
+from agentrl.core.trajectory import TrajectoryBuilder
 from agentrl.reward.builtin import register_scorer
 
 

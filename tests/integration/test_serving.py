@@ -15,7 +15,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.weight_sync import ObjectStoreSync
 

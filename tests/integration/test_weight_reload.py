@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import EngineConfig, ModelConfig
-from agentrl.server.types import PauseMode, SamplingParams
+from agentrl.core.types import PauseMode, SamplingParams
 from agentrl.server.vllm_engine import VLLMEngine
 from agentrl.testing.tiny_model import build_tiny_checkpoint
 

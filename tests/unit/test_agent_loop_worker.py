@@ -9,11 +9,11 @@ from transformers import AutoTokenizer
 
 from agentrl.agent_loops.base import AgentLoopBase
 from agentrl.agent_loops.registry import register_agent_loop
-from agentrl.agent_loops.trajectory import TrajectoryBuilder
 from agentrl.config import load_config
+from agentrl.core.trajectory import TrajectoryBuilder
+from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.server.types import SamplingParams
 from agentrl.testing.scripted import ScriptedClient
 
 SAMPLING = SamplingParams(max_tokens=16)

@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from agentrl.agent_loops.output import AgentLoopOutput
 from agentrl.config import load_config
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.trainer import trainer as trainer_module
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample

@@ -7,25 +7,25 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult, episode_from_session
 from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.trainer.steps import score_episodes
 
 
-def _sample(version: int = 0, reward: float | None = None) -> dict:
-    """An ``AgentLoopOutput``-shaped dict as the gateway builds it: model, tool, model."""
-    return {
-        "prompt_ids": [1, 2],
-        "response_ids": [10, 11, 90, 12],
-        "response_mask": [1, 1, 0, 1],
-        "response_logprobs": [-0.1, -0.2, 0.0, -0.3],
-        "response_versions": [version, version, -1, version],
-        "num_turns": 3,
-        "reward": reward,
-        "metrics": {"gateway/sample_calls": 2},
-        "extra": {"session_id": "s", "call_ids": ["a", "b"]},
-    }
+def _sample(version: int = 0, reward: float | None = None) -> AgentLoopOutput:
+    """A sample as the gateway builds it: model, tool, model."""
+    return AgentLoopOutput(
+        prompt_ids=[1, 2],
+        response_ids=[10, 11, 90, 12],
+        response_mask=[1, 1, 0, 1],
+        response_logprobs=[-0.1, -0.2, 0.0, -0.3],
+        response_versions=[version, version, -1, version],
+        num_turns=3,
+        reward=reward,
+        metrics={"gateway/sample_calls": 2},
+        extra={"session_id": "s", "call_ids": ["a", "b"]},
+    )
 
 
 def _reserved(group: str, k: int, version: int = 0) -> EpisodeResult:
@@ -61,12 +61,7 @@ def test_per_call_rewards_are_kept_and_an_unrewarded_sample_counts_zero():
 
 @pytest.mark.parametrize(
     ("samples", "reward", "error"),
-    [
-        ([], 1.0, "no model calls"),
-        ([_sample()], None, "without a reward"),
-        ([{**_sample(), "response_mask": [1]}], 1.0, "malformed"),
-        ([{"prompt_ids": [1]}], 1.0, "malformed"),
-    ],
+    [([], 1.0, "no model calls"), ([_sample()], None, "without a reward")],
 )
 def test_unusable_sessions_are_failed_episodes(samples, reward, error):
     episode = episode_from_session("s", samples, reward, "g")
@@ -76,6 +71,8 @@ def test_unusable_sessions_are_failed_episodes(samples, reward, error):
 def test_long_responses_are_cut_like_the_external_loop_does():
     (output,) = episode_from_session("s", [_sample()], 1.0, "g", max_response_length=3).outputs
     assert output.response_ids == [10, 11, 90] and output.extra["truncated"]
+    assert output.response_mask == [1, 1, 0] and output.response_versions == [0, 0, -1]
+    assert len(output.response_logprobs) == 3
 
 
 # -- the queue ------------------------------------------------------------------------

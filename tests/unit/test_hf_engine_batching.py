@@ -8,9 +8,9 @@ import random
 import pytest
 
 from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.server import hf_sampling
 from agentrl.server.hf_engine import HFEngine
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

@@ -4,8 +4,9 @@ Each entry point is imported in a fresh interpreter and the ``agentrl`` modules 
 ended up in ``sys.modules`` are compared with what its layer may depend on (DESIGN.md,
 "Dependency direction"): a rollout replica loads no trainer, algorithm or agent-loop
 code; an agent loop no trainer or algorithm code; a tool no agent-loop or trainer code;
-the algorithms nothing of the project but the core. No entry point loads FSDP, except
-where transformers itself does.
+the algorithms nothing of the project but the core; the core nothing of the project and
+no heavy package (torch, Ray, transformers, ...). No entry point loads FSDP, except where
+transformers itself does.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ builtins.__import__ = _witness
 import {module}
 print(json.dumps({{
     "agentrl": sorted(n for n in sys.modules if n == "agentrl" or n.startswith("agentrl.")),
+    "top_level": sorted({{n.partition(".")[0] for n in sys.modules}}),
     "fsdp_importers": sorted(_importers),
 }}))
 """
@@ -133,6 +135,20 @@ def test_entry_point_loads_only_the_layers_below_it(contract: Contract) -> None:
     assert not fsdp_importers, (
         f"importing {contract.module} loads torch.distributed.fsdp, imported by {fsdp_importers}"
     )
+
+
+_CORE_MODULES = ("agentrl.core.config", "agentrl.core.types", "agentrl.core.trajectory")
+# What the core may not load: every process loads it, a rollout worker without a GPU too.
+_HEAVY_PACKAGES = ("torch", "ray", "transformers", "vllm", "numpy", "tokenizers", "fastapi")
+
+
+@pytest.mark.parametrize("module", _CORE_MODULES)
+def test_core_loads_nothing_of_the_project_and_no_heavy_package(module: str) -> None:
+    loaded = _loaded_by(module)
+    outside_core = [n for n in loaded["agentrl"] if not _matches(n, "agentrl.core.*")]
+    assert outside_core == ["agentrl"], f"{module} loads {outside_core}"
+    heavy = sorted(set(loaded["top_level"]) & set(_HEAVY_PACKAGES))
+    assert not heavy, f"{module} loads {heavy}"
 
 
 def test_violations_names_forbidden_modules_and_spares_allowed_ones() -> None:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from agentrl.config import EngineConfig, ModelConfig, load_config
+from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.server.factory import create_engine
 from agentrl.server.null_engine import NULL_LOGPROB, NullEngine
-from agentrl.server.types import PauseMode, RolloutError, SamplingParams
 
 TOKENS = [11, 12, 13, 14, 15]
 

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from agentrl.agent_loops.single_turn import SingleTurnAgentLoop
 from agentrl.config import RolloutConfig
-from agentrl.server.types import SamplingParams, TokenOutput
+from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.testing.context import loop_context
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from agentrl.server.types import SamplingParams
+from agentrl.core.types import SamplingParams
 from agentrl.testing.context import loop_context
 from agentrl.testing.scripted import ScriptedClient
 

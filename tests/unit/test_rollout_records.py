@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput
 from agentrl.config import ConfigError, load_config
+from agentrl.core.trajectory import ENV_TOKEN_VERSION, AgentLoopOutput
 from agentrl.reward.manager import RewardResult
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.rollout.run import episode_messages, rollout, trajectory_record

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION, AgentLoopOutput
+from agentrl.core.trajectory import ENV_TOKEN_VERSION, AgentLoopOutput
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.samples import render_sample
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.trainer.steps import score_episodes

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from ray.exceptions import RayActorError
 
+from agentrl.core.types import RolloutError, SamplingParams, TokenOutput
 from agentrl.server.client import ReplicaFailure, ServerClient
-from agentrl.server.types import RolloutError, SamplingParams, TokenOutput
 
 DEAD = "ab" * 14
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.agent_loops.tool_agent import ToolAgentLoop
 from agentrl.agent_loops.tool_calls import TRUNCATION_MARKER, truncate_response
 from agentrl.config import RolloutConfig
-from agentrl.server.types import SamplingParams
+from agentrl.core.trajectory import ENV_TOKEN_VERSION
+from agentrl.core.types import SamplingParams
 from agentrl.testing.context import loop_context
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.testing.tools import ADD_TOOL_SCHEMA

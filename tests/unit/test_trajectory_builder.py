@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.agent_loops.output import ENV_TOKEN_VERSION, TrajectoryError
-from agentrl.agent_loops.trajectory import TrajectoryBuilder
-from agentrl.server.types import TokenOutput
+from agentrl.core.trajectory import ENV_TOKEN_VERSION, TrajectoryBuilder, TrajectoryError
+from agentrl.core.types import TokenOutput
 
 
 def _turn(ids, logprobs=None, versions=None, version=3) -> TokenOutput:

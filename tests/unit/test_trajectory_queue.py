@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.rollout.queue import BatchTimeout, QueueStalled, TrajectoryQueue
 

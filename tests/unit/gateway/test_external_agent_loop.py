@@ -13,7 +13,7 @@ import uvicorn
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentError, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig
-from agentrl.server.types import SamplingParams
+from agentrl.core.types import SamplingParams
 from agentrl.testing.context import loop_context
 
 

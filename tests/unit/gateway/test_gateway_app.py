@@ -164,7 +164,7 @@ def test_rewards_and_finish_deliver_the_session_to_the_sink(make_gateway):
     done = http.post("/v1/sessions/rw-1/finish", json={"reward": 1.0}).json()
     assert done["finished"] and done["samples"][0]["reward"] == 1.0
     ((session_id, samples, reward),) = service.sink.drain()
-    assert (session_id, reward, samples[0]["extra"]["turn_rewards"]) == ("rw-1", 1.0, [0.5])
+    assert (session_id, reward, samples[0].extra["turn_rewards"]) == ("rw-1", 1.0, [0.5])
     with pytest.raises(openai.ConflictError):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "b"}])
 

@@ -16,6 +16,7 @@ import uvicorn
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig
+from agentrl.core.types import SamplingParams
 from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.sessions import SessionStore
@@ -26,7 +27,6 @@ from agentrl.server.gateway.sink import (
     SessionInfo,
     load_sink,
 )
-from agentrl.server.types import SamplingParams
 from agentrl.testing.context import loop_context
 from agentrl.testing.tools import ADD_TOOL_SCHEMA
 

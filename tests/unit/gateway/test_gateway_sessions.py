@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.agent_loops.output import AgentLoopOutput
+from agentrl.core.trajectory import AgentLoopOutput
+from agentrl.core.types import TokenOutput
 from agentrl.server.gateway.errors import GatewayError
 from agentrl.server.gateway.sessions import Completion, Session, SessionStore
 from agentrl.server.gateway.sink import InMemorySink
-from agentrl.server.types import TokenOutput
 
 
 def _out(ids: list[int], version: int = 0, replica: str = "r0") -> TokenOutput:
@@ -43,7 +43,8 @@ def test_calls_that_extend_each_other_form_one_token_exact_sample():
     assert sample["response_logprobs"] == [-0.5, -0.5, 0.0, 0.0, -0.5, 0.0, -0.5, -0.5]
     assert sample["num_turns"] == 5
     assert sample["extra"]["call_ids"] == ["c1", "c2", "c3"]
-    AgentLoopOutput(**sample)  # the shape the trainer consumes
+    # The sink gets the trainer's type, with the fields the JSON shows.
+    assert session.build_sample(session.samples[0]) == AgentLoopOutput(**sample)
     assert session.metrics()["gateway/divergences"] == 0
 
 
