@@ -56,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.demo:
             from transformers import AutoTokenizer
 
-            from agentrl.serve_demo import run_serving_demo
+            from agentrl.server.demo import run_serving_demo
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
             asyncio.run(run_serving_demo(client, tokenizer, cfg.model.path))
@@ -139,7 +139,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from agentrl.benchmarks import BenchmarkError, run_benchmark
+    from agentrl.testing.benchmarks import BenchmarkError, run_benchmark
 
     try:
         return run_benchmark(args.name, args.args)
@@ -149,7 +149,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_epilog() -> str:
-    from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir
+    from agentrl.testing.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir
 
     try:
         bench_dir = find_bench_dir()

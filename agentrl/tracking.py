@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from rich import get_console
 from rich.console import Console
 
+from agentrl.core.config import Section
 from agentrl.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,8 @@ ENV_BACKENDS: dict[str, str] = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_TRAC
 """Backend → the environment variable that switches it on when ``backends`` is None."""
 
 
-class TrackingConfig(BaseModel):
+class TrackingConfig(Section):
     """Where metrics go besides ``metrics.jsonl`` (always written)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     backends: list[BackendName] | None = Field(
         None,

@@ -1,5 +1,15 @@
-"""Test helpers: tiny models and tokenizers built locally, with no download."""
+"""Test and benchmark helpers: scripted engines and clients, toy loops and tools, the
+shared tiny checkpoint, and the runner of the ``bench/`` scripts."""
 
-from agentrl.testing.tiny_model import build_tiny_checkpoint, default_tiny_checkpoint
+from pathlib import Path
 
-__all__ = ["build_tiny_checkpoint", "default_tiny_checkpoint"]
+from agentrl.models import BUILTIN_PREFIX, resolve_model_path
+
+
+def default_tiny_checkpoint() -> Path:
+    """The shared tiny checkpoint (``builtin:tiny-qwen2``, built once under
+    ``$AGENTRL_CACHE``, default ``~/.cache/agentrl``)."""
+    return Path(resolve_model_path(f"{BUILTIN_PREFIX}tiny-qwen2"))
+
+
+__all__ = ["default_tiny_checkpoint"]

@@ -23,7 +23,7 @@ from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams
 from agentrl.server import vllm_engine
 from agentrl.server.vllm_engine import VLLMEngine
-from agentrl.testing.tiny_model import build_tiny_checkpoint
+from agentrl.models.tiny import build_tiny_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -8,9 +8,14 @@ import textwrap
 
 import pytest
 
-from agentrl.benchmarks import BenchmarkError, available_benchmarks, find_bench_dir, run_benchmark
 from agentrl.cli import build_parser, main, parse_args
 from agentrl.config import describe_config
+from agentrl.testing.benchmarks import (
+    BenchmarkError,
+    available_benchmarks,
+    find_bench_dir,
+    run_benchmark,
+)
 
 COMMANDS = ("serve", "train", "eval", "rollout", "plot", "bench")
 

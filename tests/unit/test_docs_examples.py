@@ -22,9 +22,9 @@ import yaml
 
 from agentrl.algos.advantages import get_adv_estimator
 from agentrl.algos.policy_losses import get_policy_loss
-from agentrl.benchmarks import available_benchmarks, find_bench_dir
 from agentrl.cli import parse_args
 from agentrl.config import load_config
+from agentrl.testing.benchmarks import available_benchmarks, find_bench_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -85,8 +85,14 @@ def _violations(contract: Contract, loaded: list[str]) -> list[str]:
     ]
 
 
-_SERVER_FORBIDS = ("agentrl.trainer.*", "agentrl.algos.*", "agentrl.agent_loops.*")
-_LOOPS_FORBID = ("agentrl.trainer.*", "agentrl.algos.*")
+# No production entry point loads the test helpers (agentrl.testing).
+_SERVER_FORBIDS = (
+    "agentrl.trainer.*",
+    "agentrl.algos.*",
+    "agentrl.agent_loops.*",
+    "agentrl.testing.*",
+)
+_LOOPS_FORBID = ("agentrl.trainer.*", "agentrl.algos.*", "agentrl.testing.*")
 
 CONTRACTS = [
     Contract("agentrl.server.deployment", _SERVER_FORBIDS),
@@ -94,12 +100,12 @@ CONTRACTS = [
     Contract("agentrl.server.gateway.deployment", _SERVER_FORBIDS),
     Contract("agentrl.agent_loops.tool_agent", _LOOPS_FORBID),
     Contract("agentrl.agent_loops.external", _LOOPS_FORBID),
-    Contract("agentrl.tools", ("agentrl.agent_loops.*", "agentrl.trainer.*")),
+    Contract("agentrl.tools", ("agentrl.agent_loops.*", "agentrl.trainer.*", "agentrl.testing.*")),
     # The rollout worker validates the whole config tree (it is handed an AgentRLConfig),
     # so the trainer's config section is loaded with it; no trainer code is.
     Contract(
         "agentrl.rollout.worker",
-        ("agentrl.trainer.*",),
+        ("agentrl.trainer.*", "agentrl.testing.*"),
         allowed=("agentrl.trainer", "agentrl.trainer.config"),
     ),
     # Nothing of the project but the algorithms themselves and the core.

