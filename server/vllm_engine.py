@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import vllm
 from transformers import AutoConfig, AutoModelForCausalLM
 from vllm import SamplingParams as VLLMSamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -60,6 +62,30 @@ _FINISH_REASONS = ("stop", "length", "abort")
 _STAGE_POLL_S = 0.01
 # Executors whose workers share this node (and /dev/shm) with the engine.
 _LOCAL_EXECUTORS = (None, "uni", "mp")
+STAGED_SWAP_VLLM_VERSIONS = ("0.32.0",)
+"""vLLM releases the staged weight swap is tested with: it builds its shadow model through
+vLLM internals, which change between releases. Keep in step with the pins of the ``cpu``
+and ``gpu`` extras in pyproject.toml."""
+
+
+def weight_swap_for(requested: str, vllm_version: str) -> str:
+    """The weight swap to use: ``requested``, except ``inplace`` instead of ``staged`` on a
+    vLLM release the staged swap is not tested with (logged once per release)."""
+    release = vllm_version.partition("+")[0]  # "0.32.0+cpu" is release 0.32.0
+    if requested != "staged" or release in STAGED_SWAP_VLLM_VERSIONS:
+        return requested
+    _warn_untested_vllm(vllm_version)
+    return "inplace"
+
+
+@functools.cache
+def _warn_untested_vllm(vllm_version: str) -> None:
+    logger.warning(
+        "vLLM %s is not a release the staged weight swap is tested with (%s): weight pushes "
+        "load in place while generation is paused (engine.weight_swap=inplace)",
+        vllm_version,
+        ", ".join(STAGED_SWAP_VLLM_VERSIONS),
+    )
 
 
 @dataclass
@@ -175,7 +201,7 @@ class VLLMEngine(RolloutEngine):
         self._warned_cpu_seed = False
         self._control = asyncio.Lock()  # serializes pause / resume / update_weights
         self._staging = asyncio.Lock()  # one staged load (and its commit) at a time
-        self._staged_swap = engine.weight_swap == "staged"
+        self._staged_swap = weight_swap_for(engine.weight_swap, vllm.__version__) == "staged"
         self._staging_ready: asyncio.Task[None] | None = None
         if self._staged_swap:
             # Build the workers' shadow models now rather than inside the first push
