@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from agentrl.agent_loops.config import RolloutConfig
 from agentrl.algos.config import AlgorithmConfig
@@ -78,6 +78,14 @@ class AgentRLConfig(Section):
     logging: TrackingConfig = Field(default_factory=TrackingConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
+        """Gateway tool settings left unset take the rollout's (one setting, one rule)."""
+        for name in ("tools_in_system_prompt", "tools_prompt_template"):
+            if name not in self.gateway.model_fields_set:
+                setattr(self.gateway, name, getattr(self.rollout, name))
+        return self
 
 
 class ConfigError(ValueError):

@@ -4,6 +4,7 @@ from agentrl.tools.base import BaseTool, ToolArgumentError, ToolResponse
 from agentrl.tools.decorator import FunctionTool, function_schema, tool
 from agentrl.tools.loader import ToolSpec, import_object, load_tools
 from agentrl.tools.render import (
+    place_tools,
     template_supports_tools,
     tools_for_chat_template,
     tools_system_prompt,
@@ -29,6 +30,7 @@ __all__ = [
     "function_schema",
     "import_object",
     "load_tools",
+    "place_tools",
     "template_supports_tools",
     "tool",
     "tools_for_chat_template",

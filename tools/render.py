@@ -4,9 +4,11 @@
 templates use) for chat templates that ignore ``tools=``, e.g. SmolLM2's; the
 model answers with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
-The rule, shared by the agent loops and the HTTP gateway: tools go to the template's
-``tools=`` when ``template_supports_tools``, else ``with_tools_system_prompt`` puts the
-instructions into the conversation's system message.
+The rule, shared by the agent loops and the HTTP gateway, is ``place_tools``: tools go
+to the template's ``tools=`` when ``template_supports_tools`` (or the caller says so),
+else ``with_tools_system_prompt`` puts the instructions into the conversation's system
+message. Both take the choice and the instructions' text from the same settings
+(``rollout.tools_in_system_prompt``, ``rollout.tools_prompt_template``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from agentrl.tools.base import BaseTool
 from agentrl.tools.schema import OpenAIFunctionToolSchema
 
 __all__ = [
+    "place_tools",
     "template_supports_tools",
     "tools_for_chat_template",
     "tools_system_prompt",
@@ -73,6 +76,29 @@ def tools_system_prompt(tools: ToolList, template: str | None = None) -> str:
     """
     lines = (json.dumps(schema, ensure_ascii=False) for schema in tools_for_chat_template(tools))
     return (template or _PROMPT).format(tools="\n".join(lines))
+
+
+def place_tools(
+    tokenizer: Any,
+    tools: ToolList | None,
+    in_system_prompt: bool | None = None,
+    prompt_template: str | None = None,
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """Where ``tools`` go for ``tokenizer``'s chat template: ``(schemas for the template's
+    tools=, tools system prompt)``, one of them None (both without tools).
+
+    ``in_system_prompt``: True = always the system prompt, False = always ``tools=``,
+    None = the system prompt only when the template ignores ``tools=``.
+    ``prompt_template``: the system prompt's format string (see ``tools_system_prompt``).
+    """
+    schemas = tools_for_chat_template(tools or [])
+    if not schemas:
+        return None, None
+    if in_system_prompt is None:
+        in_system_prompt = not template_supports_tools(tokenizer)
+    if in_system_prompt:
+        return None, tools_system_prompt(schemas, prompt_template)
+    return schemas, None
 
 
 def with_tools_system_prompt(

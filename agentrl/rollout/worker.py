@@ -23,7 +23,7 @@ from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
-from agentrl.tools.render import template_supports_tools
+from agentrl.tools.render import place_tools
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +45,14 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.config.model.tokenizer)
         self.client = client or self._connect()
         self.tools = tools if tools is not None else self._load_tools()
-        schemas = [tool.tool_schema.to_dict() for tool in self.tools.values()]
-        in_system_prompt = rollout.tools_in_system_prompt
-        if in_system_prompt is None:
-            in_system_prompt = bool(schemas) and not template_supports_tools(self.tokenizer)
-        system_prompt = None
-        if in_system_prompt and schemas:
-            from agentrl.tools import tools_system_prompt
-
-            system_prompt = tools_system_prompt(
-                list(self.tools.values()), rollout.tools_prompt_template
-            )
+        template_tools, system_prompt = place_tools(
+            self.tokenizer,
+            self.tools,
+            rollout.tools_in_system_prompt,
+            rollout.tools_prompt_template,
+        )
         self.renderer = ChatRenderer(
-            self.tokenizer, schemas, system_prompt, fast_path=rollout.template_cache
+            self.tokenizer, template_tools, system_prompt, fast_path=rollout.template_cache
         )
         self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
         self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)

@@ -46,6 +46,19 @@ class GatewayConfig(Section):
     tool_parser: str = Field(
         "hermes", description="Tool-call parser (registered name) for `tool_calls` in replies."
     )
+    tools_in_system_prompt: bool | None = Field(
+        None,
+        description="A request's `tools` in a system prompt instead of the template's "
+        "`tools=`; None = only when the chat template ignores tools. In a full config left "
+        "unset it takes `rollout.tools_in_system_prompt`, so the gateway renders tools as "
+        "the agent loops do.",
+    )
+    tools_prompt_template: str | None = Field(
+        None,
+        description="With tools in the system prompt: its text, a format string whose "
+        "`{tools}` is replaced by one JSON schema per line; None = Hermes-style instructions. "
+        "In a full config left unset it takes `rollout.tools_prompt_template`.",
+    )
     session_ttl_s: float = Field(
         3600.0,
         gt=0,

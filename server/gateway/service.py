@@ -132,7 +132,11 @@ class GatewayService:
         self.max_model_len = max_model_len
         self.sink = sink
         self.store = SessionStore(sink, config.max_sessions, config.session_ttl_s)
-        self.template = GatewayTemplate(tokenizer) if tokenizer.chat_template else None
+        self.template = (
+            GatewayTemplate(tokenizer, config.tools_in_system_prompt, config.tools_prompt_template)
+            if tokenizer.chat_template
+            else None
+        )
         get_tool_parser(config.tool_parser)  # fail at start-up on an unknown parser name
 
     # ----------------------------------------------------------------- preparation

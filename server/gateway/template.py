@@ -5,9 +5,10 @@ form, so the next prompt can reuse the exact ids the engine produced and tokeniz
 the new messages (``agentrl.chat_template`` finds it). Requests bring their own tool
 lists, so one shared template object is kept per distinct tool list.
 
-A request's tools reach the model as the agent loops' do (``agentrl.tools.render``): in
-the template's ``tools=`` when the template renders tools, else as Hermes-style
-instructions in the system message (templates such as SmolLM2's ignore ``tools=``).
+A request's tools reach the model as the agent loops' do (``agentrl.tools.render``'s
+``place_tools``, under the same settings): in the template's ``tools=`` when the template
+renders tools, else as instructions in the system message (templates such as SmolLM2's
+ignore ``tools=``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 from agentrl.chat_template import ChatTemplate, TemplateError, text_encoder
-from agentrl.tools.render import (
-    template_supports_tools,
-    tools_system_prompt,
-    with_tools_system_prompt,
-)
+from agentrl.tools.render import place_tools, with_tools_system_prompt
 
 __all__ = ["GatewayTemplate", "TemplateError"]
 
@@ -31,14 +28,20 @@ _MAX_TOOL_LISTS = 256
 class GatewayTemplate:
     """Renders and tokenizes conversations with a tokenizer's chat template (synchronous)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools_in_system_prompt: bool | None = None,
+        tools_prompt_template: str | None = None,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(
                 "the tokenizer has no chat template; /v1/chat/completions needs one "
                 "(use /v1/completions or /v1/generate, or pick a chat model)"
             )
         self.tokenizer = tokenizer
-        self.supports_tools = template_supports_tools(tokenizer)
+        self._tools_in_system_prompt = tools_in_system_prompt
+        self._tools_prompt_template = tools_prompt_template
         self._special_ids = set(tokenizer.all_special_ids)
         self._by_tools: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._encode = text_encoder(tokenizer)
@@ -57,9 +60,9 @@ class GatewayTemplate:
         self, tools: list[dict[str, Any]] | None
     ) -> tuple[list[dict[str, Any]] | None, str | None]:
         """``(tools for the template's tools=, tools system prompt)``: one of them is None."""
-        if not tools or self.supports_tools:
-            return tools or None, None
-        return None, tools_system_prompt(tools)
+        return place_tools(
+            self.tokenizer, tools, self._tools_in_system_prompt, self._tools_prompt_template
+        )
 
     def render(
         self,

@@ -18,10 +18,10 @@ def test_defaults_load_without_a_file():
 def test_yaml_then_dotted_overrides_win(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("server:\n  num_replicas: 4\n  engine:\n    max_model_len: 512\n")
-    cfg = load_config(path, ["server.num_replicas=3", "server.router.overload_factor=1.5"])
+    cfg = load_config(path, ["server.num_replicas=3", "server.router.max_sessions=500"])
     assert cfg.server.num_replicas == 3
     assert cfg.server.engine.max_model_len == 512
-    assert cfg.server.router.overload_factor == 1.5
+    assert cfg.server.router.max_sessions == 500
 
 
 def test_override_values_are_parsed_as_yaml():
@@ -83,5 +83,19 @@ def test_cli_help_lists_every_option(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     out = capsys.readouterr().out
-    assert "server.router.overload_factor" in out
+    assert "server.router.max_sessions" in out
     assert "server.engine.backend" in out
+
+
+def test_the_gateway_takes_the_rollout_tool_prompt_settings_unless_given_its_own():
+    cfg = load_config(
+        None, ["rollout.tools_in_system_prompt=true", "rollout.tools_prompt_template=T {tools}"]
+    )
+    assert (cfg.gateway.tools_in_system_prompt, cfg.gateway.tools_prompt_template) == (
+        True,
+        "T {tools}",
+    )
+    own = load_config(
+        None, ["rollout.tools_in_system_prompt=true", "gateway.tools_in_system_prompt=false"]
+    )
+    assert own.gateway.tools_in_system_prompt is False

@@ -133,6 +133,43 @@ def test_tools_on_a_template_without_tool_support_go_to_the_system_prompt_as_in_
     assert sample["prompt_ids"] == expected  # the second call continued the first's ids
 
 
+@pytest.mark.parametrize(
+    ("plain_template", "overrides", "expected_text"),
+    [
+        (True, ['rollout.tools_prompt_template="Use these:\\n{tools}"'], "\n\nUse these:\n{"),
+        (False, ["rollout.tools_in_system_prompt=true"], "\n\n# Tools\n"),
+        (True, ["rollout.tools_in_system_prompt=false"], None),
+    ],
+)
+def test_the_gateway_follows_the_rollout_tool_prompt_settings_as_the_agent_loops_do(
+    tokenizer, tiny_checkpoint, plain_template, overrides, expected_text
+):
+    chat = copy.deepcopy(tokenizer)
+    if plain_template:
+        chat.chat_template = CHATML_WITHOUT_TOOLS
+    cfg = load_config(None, [f"model.path={tiny_checkpoint}", *overrides])
+    engine, http = _gateway(chat, "tiny", **cfg.gateway.model_dump())
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2 + 40?"},
+    ]
+    _client(http).chat.completions.create(model="tiny", messages=messages, tools=[ADD_TOOL_SCHEMA])
+
+    worker = AgentLoopWorker(
+        cfg,
+        client=ScriptedClient(lambda *_: [0]),
+        tools={"add": AddTool(tool_schema=ADD_TOOL_SCHEMA)},
+        tokenizer=chat,
+    )
+    assert engine.calls[0].prompt_ids == worker.renderer.encode_messages(messages, True)
+    prompt = chat.decode(engine.calls[0].prompt_ids)
+    if expected_text is None:
+        assert '"name": "add"' not in prompt
+    else:
+        assert prompt.startswith(f"<|im_start|>system\nYou are terse.{expected_text}")
+        assert prompt.count('"name": "add"') == 1
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_max_tokens_beyond_the_context_window_is_an_openai_400(tokenizer, field):
     engine, http = _gateway(tokenizer, "tiny")
