@@ -163,11 +163,11 @@ class ServerClient:
 
     async def pause(self, mode: PauseMode | str = PauseMode.KEEP) -> None:
         """Pause every replica (see ``PauseMode``)."""
-        await self._broadcast("pause", PauseMode(mode).value)
+        await self._broadcast("pause", PauseMode(mode).value, skip_dead=True)
 
     async def resume(self) -> None:
         """Resume every replica."""
-        await self._broadcast("resume")
+        await self._broadcast("resume", skip_dead=True)
 
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
@@ -185,7 +185,7 @@ class ServerClient:
         Unlike ``update_weights`` the prefix cache is kept: weight-sync strategies send
         several buckets, then reset the cache once.
         """
-        await self._broadcast("update_weights", [weights], version)
+        await self._broadcast("update_weights", [weights], version, skip_dead=True)
 
     async def swap_weights(
         self, buckets: list[ray.ObjectRef], version: int, mode: PauseMode | str = PauseMode.KEEP
@@ -195,10 +195,12 @@ class ServerClient:
         One call per replica: each is paused only for its own load. Returns each
         replica's pause seconds.
         """
-        return await self._broadcast("swap_weights", buckets, version, PauseMode(mode).value)
+        return await self._broadcast(
+            "swap_weights", buckets, version, PauseMode(mode).value, skip_dead=True
+        )
 
     async def reset_prefix_cache(self) -> None:
-        await self._broadcast("reset_prefix_cache")
+        await self._broadcast("reset_prefix_cache", skip_dead=True)
 
     # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
 
@@ -227,11 +229,39 @@ class ServerClient:
 
     async def stats(self) -> list[dict[str, Any]]:
         """One stats dict per replica."""
-        return await self._broadcast("stats")
+        return await self._broadcast("stats", skip_dead=True)
 
     def router_stats(self) -> AffinityStats | None:
         """This process's affinity-router counters (None for other routers)."""
         return affinity_stats().get(self._deployment_name)
 
-    async def _broadcast(self, method: str, *args: Any) -> list[Any]:
-        return await self._await(self._handle.broadcast(method, *args).results_async())
+    async def _broadcast(self, method: str, *args: Any, skip_dead: bool = False) -> list[Any]:
+        """``method`` on every running replica; one result per replica.
+
+        With ``skip_dead`` a replica that dies during the call is left out of the results,
+        with a warning (all of them, if all died): Serve restarts it, and the trainer
+        gives the new one the current weights (``Trainer.keep_replicas_current``). Any
+        other error raises.
+        """
+        response = self._handle.broadcast(method, *args)
+        if not skip_dead:
+            return await self._await(response.results_async())
+        results = await self._await(response.results_async(return_exceptions=True))
+        answered, died = [], []
+        for result in results:
+            if not isinstance(result, BaseException):
+                answered.append(result)
+                continue
+            failure = _unwrap(result)
+            if not isinstance(failure, ReplicaFailure):
+                raise failure from result
+            died.append(failure)
+        if died:
+            logger.warning(
+                "%s: %d of %d replicas died during the call and were left out: %s",
+                method,
+                len(died),
+                len(results),
+                died[0],
+            )
+        return answered

@@ -131,6 +131,7 @@ class TrajectoryQueue:
         groups = min(max_groups, self._rule.capacity // self.group_size)
         if groups > 0:
             self._rule.start(groups * self.group_size)
+            self._counts["episodes_started"] += groups * self.group_size
         return groups
 
     async def wait_for_capacity(self) -> None:

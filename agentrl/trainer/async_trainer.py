@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+FIRST = asyncio.FIRST_COMPLETED
+_REPLICA_CHECK_S = 5.0
+"""How often a trainer waiting for a batch checks that no replica serves old weights."""
+
 
 class AsyncTrainer(Trainer):
     """The same steps as ``Trainer``; generation runs ahead by up to η versions."""
@@ -118,22 +122,25 @@ class AsyncTrainer(Trainer):
     async def _next_batch(
         self, queue: ray.actor.ActorHandle, producer: asyncio.Task | None
     ) -> TrainingBatch | None:
-        """The next batch; the producer's error instead, as soon as it fails."""
+        """The next batch; the producer's error instead, as soon as it fails. Before and
+        while it waits, replicas that came back with old weights get the current ones."""
+        await self.keep_replicas_current()
         get = asyncio.ensure_future(
             queue.get_batch.remote(timeout_s=self.cfg.trainer.batch_timeout_s)
         )
-        if producer is not None:
-            await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
-                try:
-                    producer.result()
-                except Exception as error:
-                    raise RuntimeError(
-                        f"the rollout producer failed at step {self.step + 1}: "
-                        f"{type(error).__name__}: {error}"
-                    ) from error
-                raise RuntimeError("the rollout producer stopped without an error")
+        waiting = {get} if producer is None else {get, producer}
+        while True:
+            done, _ = await asyncio.wait(waiting, timeout=_REPLICA_CHECK_S, return_when=FIRST)
+            if done:
+                break
+            await self.keep_replicas_current()
+        if not get.done():  # the producer ended first, which it only does by failing
+            get.cancel()
+            error = producer.exception() if producer is not None else None
+            raise RuntimeError(
+                f"the rollout producer failed at step {self.step + 1}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
         try:
             return await get
         except (QueueStalled, BatchTimeout) as error:  # raised in the queue actor

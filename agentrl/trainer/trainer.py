@@ -32,6 +32,7 @@ from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.batch import Sample, build_batch
+from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
 from agentrl.trainer.dispatch import Batch
 from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
 from agentrl.trainer.losses import make_actor_loss, make_critic_loss
@@ -49,6 +50,10 @@ from agentrl.trainer.steps import (
 from agentrl.weight_sync import make_weight_sync
 
 logger = logging.getLogger(__name__)
+
+_REPLICA_STATS_TIMEOUT_S = 30.0
+_MAX_CATCH_UP_PUSHES = 3
+"""Pushes of one version to replicas that came back without it, before the run stops."""
 
 
 @contextmanager
@@ -68,6 +73,7 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.trained_episodes: set[str] = set()
+        self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
 
     # -- setup -------------------------------------------------------------------------
 
@@ -169,6 +175,7 @@ class Trainer:
         while self.step < self.cfg.trainer.total_steps:
             metrics: dict[str, float] = {}
             with timer(metrics, "step"):
+                await self.keep_replicas_current()
                 rows = self.loader.next_batch()
                 with timer(metrics, "gen"):
                     episodes, row_of = await self.generate(rows)
@@ -278,6 +285,42 @@ class Trainer:
             await self.sync.push_from(self.actor, self.version)
             logger.info("pushed the restored weights (version %d) to the servers", self.version)
 
+    async def keep_replicas_current(self) -> None:
+        """Push the current weights again when a replica serves an older version: Serve
+        restarts a replica that died with the initial weights (version 0), and everything
+        it samples would be stale. Call only between steps (the actor holds
+        ``self.version``)."""
+        if self.version == 0:
+            return
+        try:
+            stats = await asyncio.wait_for(self.client.stats(), _REPLICA_STATS_TIMEOUT_S)
+        except Exception as error:  # no answer in time (e.g. Serve is redeploying): next time
+            logger.info("could not read the replicas' weight versions: %s", error)
+            return
+        lagging = {
+            s.get("replica_id", "?"): s["weight_version"]
+            for s in stats
+            if s["weight_version"] < self.version
+        }
+        if not lagging:
+            return
+        pushes = self._catch_up_pushes.get(self.version, 0)
+        if pushes >= _MAX_CATCH_UP_PUSHES:
+            raise RuntimeError(
+                f"rollout replicas {lagging} still serve weights older than version "
+                f"{self.version} after {pushes} pushes of it: they keep restarting or "
+                "failing to load them (see the replica logs in the Ray session directory)"
+            )
+        self._catch_up_pushes = {self.version: pushes + 1}
+        logger.warning(
+            "replicas serve weights older than version %d (restarted?): %s; pushing "
+            "version %d again",
+            self.version,
+            lagging,
+            self.version,
+        )
+        await self.sync.push_from(self.actor, self.version)
+
     async def push_weights(self) -> dict[str, float]:
         """Send the actor's weights to every rollout replica as the next version."""
         self.version += 1
@@ -351,6 +394,12 @@ class Trainer:
             (self.run_dir / "checkpoints").glob("step_*"),
             key=lambda p: int(re.sub(r"\D", "", p.name) or 0),
         )
+        # A run killed while saving leaves a checkpoint without its trainer state, which
+        # rank 0 writes last: resume from the newest complete one.
+        complete = [p for p in checkpoints if (p / TRAINER_STATE_FILE).is_file()]
+        for partial in sorted(set(checkpoints) - set(complete)):
+            logger.warning("ignoring incomplete checkpoint %s (the run died saving it)", partial)
+        checkpoints = complete
         if not checkpoints:
             return
         extra = self.actor.load_checkpoint(str(checkpoints[-1]))

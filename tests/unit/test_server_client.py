@@ -104,3 +104,56 @@ async def test_timeout_raises_without_retry():
     with pytest.raises(TimeoutError):
         await client.generate("s1", [5])
     assert len(method.calls) == 1
+
+
+class _BroadcastResponse:
+    """Stands in for DeploymentBroadcastResponse: one outcome per replica."""
+
+    def __init__(self, outcomes: list[Any]) -> None:
+        self.outcomes = outcomes
+
+    async def results_async(self, return_exceptions: bool = False) -> list[Any]:
+        errors = [o for o in self.outcomes if isinstance(o, BaseException)]
+        if errors and not return_exceptions:
+            raise errors[0]
+        return list(self.outcomes)
+
+
+class _BroadcastHandle:
+    def __init__(self, outcomes: list[Any]) -> None:
+        self.outcomes = outcomes
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def broadcast(self, method: str, *args: Any) -> _BroadcastResponse:
+        self.calls.append((method, args))
+        return _BroadcastResponse(self.outcomes)
+
+
+def _broadcast_client(outcomes: list[Any]) -> ServerClient:
+    return ServerClient(_BroadcastHandle(outcomes), deployment_name="d")
+
+
+async def test_a_weight_swap_leaves_out_a_replica_that_died_during_it(caplog):
+    client = _broadcast_client([0.02, RayActorError(actor_id=DEAD)])
+    assert await client.swap_weights([], version=3) == [0.02]
+    assert "1 of 2 replicas died during the call" in caplog.text
+
+
+async def test_a_weight_swap_that_no_replica_survived_returns_no_pauses(caplog):
+    # The only replica died: Serve restarts it and the trainer brings it up to date.
+    client = _broadcast_client([RayActorError(actor_id=DEAD)])
+    assert await client.swap_weights([], version=3) == []
+    assert "1 of 1 replicas died during the call" in caplog.text
+
+
+async def test_a_replica_error_that_is_not_a_death_fails_the_weight_swap():
+    client = _broadcast_client([0.02, RuntimeError("shapes do not match")])
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        await client.swap_weights([], version=3)
+
+
+async def test_collective_calls_fail_on_any_dead_replica():
+    # A broadcast group with a dead member cannot send: the strategy rebuilds the group.
+    client = _broadcast_client([None, RayActorError(actor_id=DEAD)])
+    with pytest.raises(ReplicaFailure):
+        await client.collective_join({}, {})
