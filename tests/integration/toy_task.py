@@ -26,34 +26,36 @@ def toy_config(
     tiny_checkpoint: Path, tmp: Path, steps: int, extra: list[str] = ()
 ) -> AgentRLConfig:
     """A small GRPO run on the toy task: 1 rollout replica, 2 FSDP ranks."""
+    return load_config(None, toy_overrides(tiny_checkpoint, tmp, steps, extra))
+
+
+def toy_overrides(tiny_checkpoint: Path, tmp: Path, steps: int, extra: list[str] = ()) -> list[str]:
+    """``toy_config``'s dotted overrides (``agentrl train`` takes them as they are)."""
     _write_rows(tmp / "train.jsonl", 32)
-    return load_config(
-        None,
-        [
-            f"model.path={tiny_checkpoint}",
-            f"data.train_files=[{tmp / 'train.jsonl'}]",
-            "data.train_batch_size=4",
-            "data.max_prompt_length=64",
-            "server.num_replicas=1",
-            "server.http_port=18768",
-            "server.engine.max_model_len=256",
-            "server.engine.kv_cache_memory_bytes=33554432",
-            "rollout.n=4",
-            "rollout.max_response_length=24",
-            "rollout.num_workers=1",
-            "rollout.temperature=1.0",
-            f"reward.reward_fn_path={TOY_REWARD}",
-            "algorithm.adv_estimator=grpo",
-            "workers.actor.world_size=2",
-            "workers.actor.num_cpus_per_worker=0",
-            "workers.actor.mini_batch_size=16",
-            "workers.actor.optim.lr=0.02",
-            "workers.actor.optim.warmup_steps=0",
-            "workers.actor.optim.weight_decay=0.0",
-            f"trainer.total_steps={steps}",
-            f"trainer.run_dir={tmp / 'run'}",
-            "trainer.samples_to_save=2",
-            "ray.num_cpus=2",
-            *extra,
-        ],
-    )
+    return [
+        f"model.path={tiny_checkpoint}",
+        f"data.train_files=[{tmp / 'train.jsonl'}]",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=64",
+        "server.num_replicas=1",
+        "server.http_port=18768",
+        "server.engine.max_model_len=256",
+        "server.engine.kv_cache_memory_bytes=33554432",
+        "rollout.n=4",
+        "rollout.max_response_length=24",
+        "rollout.num_workers=1",
+        "rollout.temperature=1.0",
+        f"reward.reward_fn_path={TOY_REWARD}",
+        "algorithm.adv_estimator=grpo",
+        "workers.actor.world_size=2",
+        "workers.actor.num_cpus_per_worker=0",
+        "workers.actor.mini_batch_size=16",
+        "workers.actor.optim.lr=0.02",
+        "workers.actor.optim.warmup_steps=0",
+        "workers.actor.optim.weight_decay=0.0",
+        f"trainer.total_steps={steps}",
+        f"trainer.run_dir={tmp / 'run'}",
+        "trainer.samples_to_save=2",
+        "ray.num_cpus=2",
+        *extra,
+    ]

@@ -1,0 +1,54 @@
+"""What happened to the episodes and rows of a run under a fault, as the fault tests
+record it (the ``fault`` property) for ``bench/fault_tolerance.py``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from agentrl.trainer.async_trainer import AsyncTrainer
+
+
+@dataclass
+class Ledger:
+    """What happened to the episodes and rows of one fault's run(s)."""
+
+    fault: str
+    completed: bool = False
+    error: str | None = None
+    resumed: bool = False
+    seconds_to_recover_or_stop: float | None = None
+    steps: int = 0
+    episodes_trained: int = 0
+    episodes_failed: int = 0
+    episodes_dropped_stale: int = 0
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+
+    def add_run(self, history: list[dict[str, float]]) -> None:
+        """One ``fit`` call's logged steps (its queue counters are cumulative)."""
+        self.steps += len(history)
+        self.episodes_trained += int(sum(h["trainer/episodes"] for h in history))
+        if history:
+            last = history[-1]
+            self.episodes_failed += int(last.get("async/failed_episodes", 0))
+            self.episodes_dropped_stale += int(last.get("async/dropped_stale", 0))
+
+    def count_rows(self, trainer: AsyncTrainer, resumed_from: dict | None = None) -> None:
+        """Every row the run handed out is done once or pending in its last state; rows
+        done before the checkpoint it ``resumed_from`` (a feed state) count as done."""
+        before: set[int] = set()
+        if resumed_from is not None:
+            before = set(range(resumed_from["next_index"])) - _pending(resumed_from)
+        done = trainer._feed.done_indices
+        final = trainer._feed.state_dict()
+        self.rows_duplicated += len(done) - len(set(done)) + len(before & set(done))
+        self.rows_lost += final["next_index"] - len(before | set(done) | _pending(final))
+
+    def record(self, record_property) -> None:
+        record_property("fault", json.dumps(asdict(self)))
+        assert self.rows_lost == 0 and self.rows_duplicated == 0, self
+
+
+def _pending(state: dict) -> set[int]:
+    return {index for index, _ in state["pending"]}
