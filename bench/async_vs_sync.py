@@ -39,6 +39,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import subprocess
 import tempfile
 import time
@@ -95,6 +96,9 @@ class ModeResult:
     step_s: float
     trainer_idle_s: float
     weight_sync_ms: float
+    load_avg_5m: float
+    """The machine's 5-minute load average when the mode ended (2 cores here: more than
+    about 3 means something else was running)."""
 
 
 class CountingTrainer(Trainer):
@@ -221,14 +225,16 @@ async def _run(args: argparse.Namespace, mode: str) -> ModeResult:
             queue = await trainer.queue.metrics.remote() if mode != "sync" else None
         finally:
             trainer.shutdown()
-    return _result(history, queue)
+    return _result(history, queue, os.getloadavg()[1])
 
 
 def _total(history: list[dict[str, float]], key: str) -> int:
     return int(sum(h.get(f"bench/{key}", 0.0) for h in history))
 
 
-def _result(history: list[dict[str, float]], queue: dict[str, float] | None) -> ModeResult:
+def _result(
+    history: list[dict[str, float]], queue: dict[str, float] | None, load: float
+) -> ModeResult:
     measured = history[1:]
     wall = history[-1]["bench/end_s"] - history[0]["bench/end_s"]
     tokens, episodes = _total(measured, "trained_tokens"), _total(measured, "trained_episodes")
@@ -261,6 +267,7 @@ def _result(history: list[dict[str, float]], queue: dict[str, float] | None) -> 
         step_s=mean("timing/step"),
         trainer_idle_s=mean("timing/wait_for_batch") if queue else mean("timing/gen"),
         weight_sync_ms=1000 * mean("timing/weight_sync"),
+        load_avg_5m=load,
     )
 
 
@@ -324,14 +331,40 @@ def main() -> None:
     if "sync" not in modes or not set(modes) <= set(MODES):
         parser.error(f"--modes: sync and any of {', '.join(MODES)}")
 
+    path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, ModeResult] = {}
     try:
-        for mode in modes:
+        for mode in modes:  # sync first: the others' ratios need it
             results[mode] = asyncio.run(_run(args, mode))
+            path.write_text(json.dumps(_payload(args, results), indent=2) + "\n")
     finally:
         serve.shutdown()
         ray.shutdown()
+    _print_table(results)
+    Console().print(f"wrote {path}")
 
+
+def _payload(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[str, Any]:
+    sync = results["sync"]
+    others = {name: r for name, r in results.items() if name != "sync"}
+    return {
+        "benchmark": "async_vs_sync",
+        "commit": _commit(),
+        "workload": _workload(args),
+        "modes": {name: asdict(r) for name, r in results.items()},
+        **{
+            f"speedup_{name}": r.trained_tokens_per_s / sync.trained_tokens_per_s
+            for name, r in others.items()
+        },
+        **{
+            f"speedup_episodes_{name}": r.trained_episodes_per_s / sync.trained_episodes_per_s
+            for name, r in others.items()
+        },
+    }
+
+
+def _print_table(results: dict[str, ModeResult]) -> None:
     base = results["sync"].trained_tokens_per_s
     table = Table(title="Async vs sync training: trained tokens per second, same run")
     columns = ("mode", "tokens/s", "episodes/s", "mean len", "started", "trained", "stale")
@@ -350,27 +383,6 @@ def main() -> None:
             f"{r.trained_tokens_per_s / base:.2f}x",
         )
     Console(width=160).print(table)
-    payload = {
-        "benchmark": "async_vs_sync",
-        "commit": _commit(),
-        "workload": _workload(args),
-        "modes": {name: asdict(r) for name, r in results.items()},
-        **{
-            f"speedup_{name}": r.trained_tokens_per_s / base
-            for name, r in results.items()
-            if name != "sync"
-        },
-        **{
-            f"speedup_episodes_{name}": r.trained_episodes_per_s
-            / results["sync"].trained_episodes_per_s
-            for name, r in results.items()
-            if name != "sync"
-        },
-    }
-    path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    Console().print(f"wrote {path}")
 
 
 if __name__ == "__main__":
