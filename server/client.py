@@ -69,6 +69,7 @@ class ServerClient:
     ) -> None:
         self._handle = handle
         self._deployment_name = deployment_name
+        self._loop_handle: tuple[asyncio.AbstractEventLoop, DeploymentHandle] | None = None
         self._max_retries = max_retries
         self._timeout_s = timeout_s
         self.replica_failures = 0
@@ -132,7 +133,9 @@ class ServerClient:
 
     async def _attempt(self, request: dict[str, Any], failed_actors: set[str]) -> TokenOutput:
         """One try of a generate request, avoiding the replicas that failed it before."""
-        response = self._handle.generate.remote(**request, avoid_actor_ids=frozenset(failed_actors))
+        response = self._data_handle().generate.remote(
+            **request, avoid_actor_ids=frozenset(failed_actors)
+        )
         try:
             return await self._await(response)
         except ReplicaFailure as failure:
@@ -140,6 +143,31 @@ class ServerClient:
             if failure.actor_id:
                 failed_actors.add(failure.actor_id)
             raise
+
+    def _data_handle(self) -> Any:
+        """The handle ``generate`` calls go through: gRPC, routed on the calling loop.
+
+        By default a Serve handle sends each request as a Ray actor task from a router
+        that runs on a thread of its own, so every call crosses threads twice and contends
+        for the GIL with the caller (``RAY_SERVE_THROUGHPUT_OPTIMIZED`` changes both, for
+        every handle of a process). The data path uses a second handle that routes on the
+        caller's event loop and talks to the inter-deployment gRPC server every replica
+        runs (``bench/rollout_transport.py`` measures the gain). It is made on the first
+        call and bound to that loop (a new one for a call from another loop). The request
+        router (session affinity), replica health and failover stay Serve's: a replica
+        that dies under a request raises ``ActorUnavailableError`` here, a
+        ``RayActorError`` naming the replica, so the retry avoids it as before. Control
+        calls keep the default handle.
+        """
+        handle = self._handle
+        if not isinstance(handle, DeploymentHandle):
+            return handle
+        loop = asyncio.get_running_loop()
+        if self._loop_handle is None or self._loop_handle[0] is not loop:
+            data = DeploymentHandle(handle.deployment_name, handle.app_name)
+            data._init(_run_router_in_separate_loop=False)
+            self._loop_handle = (loop, data.options(_by_reference=False))
+        return self._loop_handle[1]
 
     async def _await(self, response: Any) -> Any:
         """Await a Serve response with the client timeout, unwrapping Ray's errors."""
