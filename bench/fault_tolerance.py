@@ -127,7 +127,9 @@ def main() -> None:
             failed["error"] = "the test failed before it recorded its ledger"
             faults.append({**failed, "test": test_id, "level": "run", "survived": False})
     for name, target in COMPONENT_FAULTS.items():
-        passed = any(test_id.endswith(target.split("::")[-1]) and ok for test_id, ok, _ in cases)
+        name = target.split("::")[-1]
+        runs = [ok for test_id, ok, _ in cases if test_id.split("::")[-1].split("[")[0] == name]
+        passed = bool(runs) and all(runs)  # every parametrization (e.g. each sandbox kind)
         faults.append({"fault": name, "test": target, "level": "component", "survived": passed})
 
     run_level = [f for f in faults if f["level"] == "run"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,17 +55,11 @@ def _describe(process: psutil.Process) -> str:
         return f"{process.pid} (gone)"
 
 
-def _runs_of(metrics: Path) -> list[list[dict]]:
-    """The step records of ``metrics.jsonl``, split where a new run starts over."""
-    runs: list[list[dict]] = []
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if "trainer/episodes" not in record:
-            continue  # a validation record
-        if not runs or record["step"] <= runs[-1][-1]["step"]:
-            runs.append([])
-        runs[-1].append(record)
-    return runs
+def _lineage(metrics: Path) -> dict[int, dict]:
+    """Each step's record from the run whose weights carried on: a step logged by the
+    killed run and again after the resume counts as the resumed run's."""
+    records = (json.loads(line) for line in metrics.read_text().splitlines())
+    return {r["step"]: r for r in records if "trainer/episodes" in r}  # not validation
 
 
 def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
@@ -107,18 +102,19 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
         leftover.kill()
     assert not leftovers, leftovers
 
-    first, second = _runs_of(run_dir / "metrics.jsonl")
-    resumed_at = second[0]["step"] - 1
+    resumed = re.search(r"resumed from \S+ at step (\d+)", (run_dir / "train.log").read_text())
+    assert resumed, "the rerun did not resume"
+    resumed_at = int(resumed.group(1))
     assert resumed_at >= KILL_AFTER_CHECKPOINT
-    lineage = [r for r in first if r["step"] <= resumed_at] + second
-    assert [r["step"] for r in lineage] == list(range(1, STEPS + 1))
+    lineage = _lineage(run_dir / "metrics.jsonl")
+    assert sorted(lineage) == list(range(1, STEPS + 1))
     ledger.resumed, ledger.completed = True, True
     ledger.steps = STEPS
-    ledger.episodes_trained = int(sum(r["trainer/episodes"] for r in lineage))
-    dropped = first[resumed_at - 1].get("async/dropped_stale", 0) + second[-1].get(
-        "async/dropped_stale", 0
-    )
-    ledger.episodes_dropped_stale = int(dropped)
+    ledger.episodes_trained = int(sum(r["trainer/episodes"] for r in lineage.values()))
+    # Each run's queue counts from zero: the killed run's count at the checkpoint plus
+    # the resumed run's at the end.
+    dropped = [lineage[step].get("async/dropped_stale", 0) for step in (resumed_at, STEPS)]
+    ledger.episodes_dropped_stale = int(sum(dropped))
 
     # Every row handed out by the end is trained or dropped once, or still pending: the
     # groups the two runs' lineage trained and dropped account for every one.
@@ -132,4 +128,3 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     ledger.rows_lost = max(0, rows_done - rows_accounted)
     ledger.rows_duplicated = max(0, rows_accounted - rows_done)
     ledger.record(record_property)
-    assert "resumed from" in log.read_text()
