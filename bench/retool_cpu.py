@@ -66,10 +66,10 @@ class MemorySampler(threading.Thread):
         self.root = psutil.Process(pid)
         self.peak_total = 0
         self.peak_by_kind: dict[str, int] = {}
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
+        while not self._done.wait(SAMPLE_S):
             total = 0
             try:
                 processes = [self.root, *self.root.children(recursive=True)]
@@ -85,7 +85,7 @@ class MemorySampler(threading.Thread):
             self.peak_total = max(self.peak_total, total)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
