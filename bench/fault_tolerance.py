@@ -127,8 +127,8 @@ def main() -> None:
             failed["error"] = "the test failed before it recorded its ledger"
             faults.append({**failed, "test": test_id, "level": "run", "survived": False})
     for name, target in COMPONENT_FAULTS.items():
-        name = target.split("::")[-1]
-        runs = [ok for test_id, ok, _ in cases if test_id.split("::")[-1].split("[")[0] == name]
+        test = target.split("::")[-1]
+        runs = [ok for test_id, ok, _ in cases if test_id.split("::")[-1].split("[")[0] == test]
         passed = bool(runs) and all(runs)  # every parametrization (e.g. each sandbox kind)
         faults.append({"fault": name, "test": target, "level": "component", "survived": passed})
 
