@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams
-from agentrl.server.vllm_engine import VLLMEngine
 from agentrl.models.tiny import build_tiny_checkpoint
+from agentrl.server.vllm_engine import VLLMEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
