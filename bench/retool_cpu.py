@@ -90,13 +90,19 @@ class MemorySampler(threading.Thread):
 
 
 def _kind(process: psutil.Process) -> str:
-    """A process's role: Ray's and vLLM's process titles, else the program's name."""
+    """A process's role: the class of a Ray actor (``ray::ActorWorker.update_actor`` →
+    ``ray::ActorWorker``), vLLM's process titles, else the program or script's name."""
     cmdline = process.cmdline()
     title = cmdline[0] if cmdline else process.name()
-    if title.startswith(("ray::", "VLLM::")):
+    if title.startswith("ray::"):
+        actor = title.split(" ", 1)[0].removeprefix("ray::").split(".", 1)[0]
+        return f"ray::{actor.rsplit(':', 1)[-1]}"
+    if title.startswith("VLLM::"):
         return title.split(" ", 1)[0]
     program = Path(title).name
     if program.startswith("python") and len(cmdline) > 1:
+        if "-c" in cmdline:
+            return "python -c"
         script = next((a for a in cmdline[1:] if not a.startswith("-")), "")
         return f"python {Path(script).name}"
     return program
