@@ -9,11 +9,14 @@ Rules, in order:
 1. A request without a session goes to the least-loaded replica.
 2. The first request of a session goes to the least-loaded replica and the session
    sticks to it (an LRU map bounded by ``max_sessions``).
-3. Later requests go to the sticky replica, unless it is overloaded: its in-flight count
-   exceeds ``overload_factor × (least-loaded count + 1)``. Then the session moves to the
-   least-loaded replica (counted in ``moves``).
+3. Later requests go to the sticky replica for as long as it lives and has room: a
+   session never moves because another replica is less busy (a replica that starts,
+   or restarts after a crash, gets new sessions, not the running ones).
 4. A session whose replica disappeared (died, scaled down) or failed its last request
-   (the client passes it in ``avoid``) moves too (``failovers``).
+   (the client passes it in ``avoid``) moves to the least-loaded replica (``failovers``);
+   the next requests stick there.
+5. A session whose replica is full (the caller passes it in ``full``: it holds as many
+   requests as it accepts) moves to the least-loaded replica with room (``moves``).
 
 "Least loaded" is the fewest in-flight requests routed by this policy, ties broken by
 the fewest sticky sessions, then by replica id, so a burst of new sessions spreads evenly.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -42,13 +45,10 @@ class AffinityStats:
 class SessionAffinityPolicy:
     """Chooses a replica per request and tracks in-flight counts per replica."""
 
-    def __init__(self, max_sessions: int = 100_000, overload_factor: float = 2.0) -> None:
+    def __init__(self, max_sessions: int = 100_000) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
-        if overload_factor < 1.0:
-            raise ValueError(f"overload_factor must be >= 1.0, got {overload_factor}")
         self.max_sessions = max_sessions
-        self.overload_factor = overload_factor
         self.stats = AffinityStats()
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._sessions_per_replica: Counter[str] = Counter()
@@ -68,19 +68,23 @@ class SessionAffinityPolicy:
         return len(self._sessions)
 
     def choose(
-        self, session_id: str | None, candidates: Sequence[str], avoid: Collection[str] = ()
+        self,
+        session_id: str | None,
+        candidates: Sequence[str],
+        avoid: Collection[str] = (),
+        full: Collection[str] = (),
     ) -> str:
         """Pick the replica for one request of ``session_id`` among ``candidates``.
 
         Replicas in ``avoid`` (where this request just failed) are skipped unless no other
-        candidate is left.
+        candidate is left; replicas in ``full`` (no room for another request) take no new
+        session and no moved one, unless every candidate is full.
         """
         if not candidates:
             raise ValueError("no replica to choose from")
         candidates = [r for r in candidates if r not in avoid] or list(candidates)
-        least = min(
-            candidates, key=lambda r: (self._in_flight[r], self._sessions_per_replica[r], r)
-        )
+        roomy = [r for r in candidates if r not in full] or candidates
+        least = min(roomy, key=lambda r: (self._in_flight[r], self._sessions_per_replica[r], r))
         if session_id is None:
             self.stats.sessionless += 1
             return least
@@ -93,7 +97,7 @@ class SessionAffinityPolicy:
             self.stats.failovers += 1
             self._assign(session_id, least)
             return least
-        if self._in_flight[sticky] > self.overload_factor * (self._in_flight[least] + 1):
+        if sticky not in roomy:
             self.stats.moves += 1
             self._assign(session_id, least)
             return least
@@ -131,26 +135,17 @@ class SessionAffinityPolicy:
             self.stats.evictions += 1
 
 
-_registry: dict[str, list[SessionAffinityPolicy]] = {}
+_registry: dict[str, SessionAffinityPolicy] = {}
 _registry_lock = threading.Lock()
 
 
 def register_policy(deployment: str, policy: SessionAffinityPolicy) -> None:
-    """Make ``policy``'s counters visible to ``affinity_stats`` in this process.
-
-    A process may hold several routers of one deployment (``ServerClient`` routes its
-    generate calls through a handle of their own); their counters add up.
-    """
+    """Make ``policy``'s counters visible to ``affinity_stats`` in this process."""
     with _registry_lock:
-        _registry.setdefault(deployment, []).append(policy)
+        _registry[deployment] = policy
 
 
 def affinity_stats() -> dict[str, AffinityStats]:
-    """Every affinity router's counters in this process, summed by deployment name."""
+    """A snapshot of every affinity router's counters in this process, by deployment name."""
     with _registry_lock:
-        return {name: _total(policies) for name, policies in _registry.items()}
-
-
-def _total(policies: list[SessionAffinityPolicy]) -> AffinityStats:
-    names = [f.name for f in fields(AffinityStats)]
-    return AffinityStats(**{n: sum(getattr(p.stats, n) for p in policies) for n in names})
+        return {name: replace(policy.stats) for name, policy in _registry.items()}

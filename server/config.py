@@ -23,12 +23,6 @@ class RouterConfig(Section):
     max_sessions: int = Field(
         100_000, ge=1, description="Bound of the session→replica LRU map of the affinity router."
     )
-    overload_factor: float = Field(
-        2.0,
-        ge=1.0,
-        description="A session leaves its sticky replica when that replica's in-flight count "
-        "exceeds overload_factor × (least-loaded count + 1).",
-    )
 
 
 class EngineConfig(Section):

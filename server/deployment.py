@@ -189,9 +189,7 @@ def build_rollout_app(
         "graceful_shutdown_timeout_s": 5,
         "logging_config": LoggingConfig(enable_access_log=server.access_log),
     }
-    router = request_router_config(
-        server.router.policy, server.router.max_sessions, server.router.overload_factor
-    )
+    router = request_router_config(server.router.policy, server.router.max_sessions)
     if router is not None:
         options["request_router_config"] = router
     deployment = serve.deployment(RolloutServer).options(**options)

@@ -32,10 +32,18 @@ def _request_kwarg(pending_request: PendingRequest | None, name: str, default: A
 
 
 class SessionAffinityRouter(RequestRouter):
-    """Sticky session routing with least-loaded placement and overload escape."""
+    """Sticky session routing with least-loaded placement of new sessions.
 
-    def initialize_state(self, max_sessions: int = 100_000, overload_factor: float = 2.0):
-        self.policy = SessionAffinityPolicy(max_sessions, overload_factor)
+    A request is offered to its chosen replica only. When that replica cannot take it,
+    Serve asks again: a replica that answered its queue-length probe as full lets the
+    session move (the policy records it, so the session stays where it went); one whose
+    probe was merely late (a busy or freshly restarted replica) is asked again with a
+    longer deadline, and the session stays. Offering the other replicas as a fallback
+    rank instead would send such a turn elsewhere behind the policy's back.
+    """
+
+    def initialize_state(self, max_sessions: int = 100_000):
+        self.policy = SessionAffinityPolicy(max_sessions)
         register_policy(self._deployment_id.name, self.policy)
 
     async def choose_replicas(
@@ -46,12 +54,19 @@ class SessionAffinityRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         failed_actors = _request_kwarg(pending_request, "avoid_actor_ids", ())
         avoid = {rid for rid, r in by_id.items() if r.actor_id.hex() in failed_actors}
+        full = {rid for rid, r in by_id.items() if self._is_full(r)}
         session_id = _request_kwarg(pending_request, "session_id", None)
-        chosen = self.policy.choose(session_id, list(by_id), avoid)
+        chosen = self.policy.choose(session_id, list(by_id), avoid, full)
         if pending_request is not None:
             self.policy.on_routed(pending_request.metadata.internal_request_id, chosen)
-        # Fall back to the others only if the chosen replica is at max_ongoing_requests.
-        return [[by_id[chosen]], [r for rid, r in by_id.items() if rid != chosen]]
+            # Serve asks again at once otherwise, in a tight loop while the replica is busy.
+            pending_request.routing_context.should_backoff = True
+        return [[by_id[chosen]]]
+
+    def _is_full(self, replica: RunningReplica) -> bool:
+        """Whether ``replica`` last reported as many ongoing requests as it accepts."""
+        queue_len = self.replica_queue_len_cache.get(replica.replica_id)
+        return queue_len is not None and queue_len >= replica.max_ongoing_requests
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self.policy.on_completed(internal_request_id)
@@ -78,19 +93,14 @@ class RoundRobinRouter(RequestRouter):
         return [[ordered[start]], ordered[start + 1 :] + ordered[:start]]
 
 
-def request_router_config(
-    policy: str, max_sessions: int, overload_factor: float
-) -> RequestRouterConfig | None:
+def request_router_config(policy: str, max_sessions: int) -> RequestRouterConfig | None:
     """The Serve router config for ``policy`` (None = Ray Serve's default router)."""
     if policy == "default":
         return None
     if policy == "affinity":
         return RequestRouterConfig(
             request_router_class=f"{__name__}.SessionAffinityRouter",
-            request_router_kwargs={
-                "max_sessions": max_sessions,
-                "overload_factor": overload_factor,
-            },
+            request_router_kwargs={"max_sessions": max_sessions},
         )
     if policy == "round_robin":
         return RequestRouterConfig(request_router_class=f"{__name__}.RoundRobinRouter")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import itertools
+import os
+import signal
 
+import psutil
 import pytest
 import ray
 import torch
@@ -54,9 +57,76 @@ async def test_pause_update_resume_reaches_every_null_replica(client):
     assert [s["weight_version"] for s in await client.stats()] == [4, 4]
 
 
-async def test_replicas_write_no_access_log_by_default(client):
-    await client.generate("logged", [1], SamplingParams())
-    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
-    replica_logs = list(logs.glob("replica_rollout_RolloutServer_*.log"))
-    assert replica_logs, f"no replica log in {logs}"
-    assert not any("CALL generate" in p.read_text() for p in replica_logs)
+class _Sessions:
+    """Multi-turn sessions run concurrently, each turn's replica recorded in order."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.replicas: dict[str, list[str]] = {}
+        self.stop = asyncio.Event()
+
+    async def run(self, session: str, turns: int | None = None) -> None:
+        """Turns until ``turns`` ran (or, with None, until ``stop`` is set)."""
+        prompt = [1, 2, 3]
+        path = self.replicas.setdefault(session, [])
+        while (turns is None and not self.stop.is_set()) or (turns and len(path) < turns):
+            out = await self.client.generate(session, prompt, SamplingParams(max_tokens=4))
+            path.append(out.replica_id)
+            prompt = (prompt + out.token_ids + [7])[-256:]  # within the context window
+            await asyncio.sleep(0.02)  # the agent's own time between turns (a tool call)
+
+    def start(self, prefix: str, count: int, turns: int | None = None) -> list[asyncio.Task]:
+        return [asyncio.create_task(self.run(f"{prefix}{i}", turns)) for i in range(count)]
+
+    def moves(self, session: str) -> int:
+        path = self.replicas[session]
+        return sum(a != b for a, b in itertools.pairwise(path))
+
+
+def _replica_pid(replica_id: str) -> int:
+    """The PID of the rollout replica ``replica_id`` (checked by its process title)."""
+    name = next(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].endswith(replica_id) and "SERVE_REPLICA" in a["name"]
+    )
+    actor = ray.get_actor(name, namespace="serve")
+    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    assert psutil.Process(pid).cmdline()[0].startswith("ray::ServeReplica:rollout:")
+    return pid
+
+
+async def _replica_ids(client) -> set[str]:
+    return {s["replica_id"] for s in await client.stats()}
+
+
+# Runs last: the replica it kills comes back under a new id.
+async def test_sessions_move_once_when_their_replica_dies_and_never_when_it_returns(client):
+    sessions = _Sessions(client)
+    before = sessions.start("before-", 12)  # span the kill and the restart
+    await asyncio.sleep(1.0)
+    old = await _replica_ids(client)
+    victim = sessions.replicas["before-0"][-1]
+    (survivor,) = old - {victim}
+    os.kill(_replica_pid(victim), signal.SIGKILL)
+    during = sessions.start("during-", 6, turns=20)
+    async with asyncio.timeout(60):
+        while len(new := await _replica_ids(client) - old) < 1:
+            await asyncio.sleep(0.2)
+    (returned,) = new
+    after = sessions.start("after-", 12, turns=30)
+    await asyncio.gather(*after)
+    sessions.stop.set()
+    await asyncio.gather(*before, *during)
+
+    paths = sessions.replicas
+    assert all(len(set(path)) <= 2 and sessions.moves(s) <= 1 for s, path in paths.items()), paths
+    for session, path in paths.items():
+        if path[0] == survivor:
+            assert set(path) == {survivor}, (session, path)
+        if path[0] == victim:
+            assert path[-1] == survivor, (session, path)
+        if session.startswith("after-"):
+            assert sessions.moves(session) == 0, (session, path)
+    # The returned replica got new sessions: placement, not moves, evens the load out.
+    assert any(path[0] == returned for path in paths.values())

@@ -38,24 +38,53 @@ def test_new_sessions_spread_evenly_across_replicas():
     assert placed.count("r0") == placed.count("r1") == 5
 
 
-def test_sticky_session_moves_when_replica_overloaded():
-    policy = SessionAffinityPolicy(overload_factor=2.0)
+def test_sticky_session_stays_however_busy_its_replica_is_next_to_an_idle_one():
+    policy = SessionAffinityPolicy()
     home = _route(policy, "s", "t1")
-    other = next(r for r in REPLICAS if r != home)
-    # home has 1 in flight; pile up to 3 > 2 × (0 + 1) on it.
-    policy.on_routed("x1", home)
-    policy.on_routed("x2", home)
-    assert policy.choose("s", REPLICAS) == other
-    assert policy.stats.moves == 1
-    assert policy.replica_of("s") == other
-
-
-def test_sticky_session_stays_at_the_overload_threshold():
-    policy = SessionAffinityPolicy(overload_factor=2.0)
-    home = _route(policy, "s", "t1")
-    policy.on_routed("x1", home)  # 2 in flight == 2 × (0 + 1): not yet overloaded
+    for i in range(50):
+        policy.on_routed(f"x{i}", home)
     assert policy.choose("s", REPLICAS) == home
     assert policy.stats.moves == 0
+
+
+def test_session_moves_once_when_its_replica_is_full_and_stays_where_it_went():
+    policy = SessionAffinityPolicy()
+    home = _route(policy, "s", "t1")
+    other = next(r for r in REPLICAS if r != home)
+    assert policy.choose("s", REPLICAS, full={home}) == other
+    # The old replica has room again: the session stays with its new cache.
+    assert [policy.choose("s", REPLICAS) for _ in range(3)] == [other] * 3
+    assert (policy.stats.moves, policy.stats.sticky_hits) == (1, 3)
+
+
+def test_full_replicas_take_no_new_sessions_unless_all_are_full():
+    policy = SessionAffinityPolicy()
+    assert {policy.choose(f"s{i}", REPLICAS, full={"r0"}) for i in range(4)} == {"r1"}
+    assert policy.choose("t", REPLICAS, full=set(REPLICAS)) == "r0"
+    assert policy.choose("s0", REPLICAS, full=set(REPLICAS)) == "r1"  # nowhere better
+    assert policy.stats.moves == 0
+
+
+def test_a_restarted_replica_gets_new_sessions_and_takes_none_of_the_running_ones():
+    policy = SessionAffinityPolicy()
+    home = {f"s{i}": _route(policy, f"s{i}", f"a{i}") for i in range(8)}
+    survivor = "r1"
+    policy.remove_replica("r0")  # killed; Serve restarts it under a new id
+    live = [survivor]
+    for i, session in enumerate(home):
+        assert policy.choose(session, live, avoid={"r0"}) == survivor
+        policy.on_routed(f"b{i}", survivor)
+    assert policy.stats.failovers == 4
+    restarted = [survivor, "r2"]
+    for _ in range(5):
+        for session in home:
+            assert policy.choose(session, restarted) == survivor
+    new = []
+    for i in range(8):
+        new.append(policy.choose(f"n{i}", restarted))
+        policy.on_routed(f"n{i}", new[-1])
+    assert new == ["r2"] * 8  # the idle replica takes the new sessions until loads even out
+    assert (policy.stats.failovers, policy.stats.moves) == (4, 0)
 
 
 def test_session_fails_over_when_its_replica_disappears():
@@ -115,7 +144,6 @@ def test_no_candidates_is_a_clear_error():
     ("kwargs", "message"),
     [
         ({"max_sessions": 0}, "max_sessions"),
-        ({"overload_factor": 0.5}, "overload_factor"),
     ],
 )
 def test_invalid_settings_are_rejected(kwargs, message):
@@ -145,14 +173,3 @@ def test_replica_that_failed_the_request_is_avoided_and_counted_as_failover():
 def test_avoid_is_ignored_when_no_other_replica_is_left():
     policy = SessionAffinityPolicy()
     assert policy.choose("s", ["r0"], avoid={"r0"}) == "r0"
-
-
-def test_stats_of_several_routers_of_one_deployment_add_up():
-    first, second = SessionAffinityPolicy(), SessionAffinityPolicy()
-    register_policy("two-routers", first)
-    register_policy("two-routers", second)
-    first.choose("s", REPLICAS)
-    second.choose("t", REPLICAS)
-    second.choose("t", REPLICAS)
-    stats = affinity_stats()["two-routers"]
-    assert (stats.new_sessions, stats.sticky_hits) == (2, 1)
