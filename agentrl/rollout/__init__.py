@@ -1,14 +1,15 @@
 """Rollout orchestration: episode requests, agent-loop workers and the manager.
 
 ``rollout(config, out=...)`` (``agentrl.rollout.run``) runs the agent loops over a
-dataset without training and writes one JSON line per episode.
+dataset without training and writes one JSON line per episode; ``await arollout(...)`` does
+the same from a running event loop.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RolloutResult", "rollout"]
+__all__ = ["RolloutResult", "arollout", "rollout"]
 
 
 def __getattr__(name: str) -> Any:

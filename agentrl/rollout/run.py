@@ -6,6 +6,8 @@
     result = rollout(load_config("rollout.yaml"), out="trajectories.jsonl", split="val")
     result.metrics["reward/score/mean"], result.failed, result.trajectories[0]["messages"]
 
+    result = await arollout(...)  # the same, from a running event loop (Jupyter, async code)
+
 The command line does the same: ``agentrl rollout CONFIG [overrides] --out FILE``.
 
 ``rollout`` imports the config's ``plugins``, reads the dataset (``data.train_files`` or
@@ -44,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -56,9 +58,11 @@ from agentrl.reward.manager import RewardManager, RewardRequest, RewardResult, r
 from agentrl.rollout.episode import EpisodeResult, make_requests
 from agentrl.rollout.metrics import episode_info, rollout_metrics
 
-__all__ = ["RolloutResult", "episode_messages", "rollout", "trajectory_record"]
+__all__ = ["RolloutResult", "arollout", "episode_messages", "rollout", "trajectory_record"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -284,13 +288,76 @@ def rollout(
     Returns the records (also those of failed episodes) and the run's metrics. Raises
     ``ConfigError`` for a config that cannot run, ``PluginError`` for a plugin that does
     not import; a failing episode is a record with an ``error``, never an exception.
+
+    Runs an event loop of its own: from code whose loop is already running (Jupyter,
+    async applications) use ``await arollout(...)``.
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(
+            arollout(config, out, split=split, limit=limit, rows=rows, progress=progress)
+        )
+    raise RuntimeError(
+        "rollout() runs an event loop of its own and cannot be called from a running one "
+        "(Jupyter, async code): use `await arollout(...)` there (same arguments)"
+    )
+
+
+async def arollout(
+    config: AgentRLConfig,
+    out: str | Path | None = None,
+    *,
+    split: Literal["train", "val"] = "train",
+    limit: int | None = None,
+    rows: list[dict[str, Any]] | None = None,
+    progress: bool = True,
+) -> RolloutResult:
+    """``rollout`` as a coroutine, for a running event loop: ``await arollout(config, ...)``.
+
+    Same arguments, result and errors as ``rollout``. The blocking steps (loading the
+    tokenizer, the rows and the plugins, starting and stopping Ray, the servers and the
+    agent-loop workers) run in a worker thread, so the loop keeps serving its other tasks.
+    """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be at least 1, got {limit}")
+    cfg, tokenizer, dataset = await _in_thread(_prepare, config, split, limit, rows)
+    out_path = Path(out) if out is not None else None
+    total = len(dataset) * cfg.rollout.n
+    logger.info(
+        "rolling out %d row(s) x %d sample(s) with %s", len(dataset), cfg.rollout.n, cfg.model.path
+    )
+    start = time.perf_counter()
+    rewards = RewardManager.from_config(cfg.reward)
+    writer = _Writer(out_path)
+    bar, on_episode = _progress(total, progress)
+    generation = _Generation(cfg)
+    try:
+        generation.start_ray()  # here: Ray sets its signal handlers from the main thread only
+        manager = await _in_thread(generation.start)
+        with bar:
+            metrics = await _run(
+                manager, dataset, cfg.rollout.n, rewards, tokenizer, writer, on_episode
+            )
+    finally:
+        await _in_thread(generation.stop)
+        writer.close()
+        rewards.close()
+    metrics["timing/rollout_s"] = time.perf_counter() - start
+    return RolloutResult(trajectories=writer.records, metrics=metrics, out=out_path)
+
+
+def _prepare(
+    config: AgentRLConfig,
+    split: Literal["train", "val"],
+    limit: int | None,
+    rows: list[dict[str, Any]] | None,
+) -> tuple[AgentRLConfig, Any, list[dict[str, Any]]]:
+    """The resolved config (plugins imported), the tokenizer and the rows to roll out."""
     from transformers import AutoTokenizer
 
     from agentrl.models import resolve_model_config
 
-    if limit is not None and limit < 1:
-        raise ConfigError(f"limit must be at least 1, got {limit}")
     cfg = config.model_copy(deep=True)
     cfg.model = resolve_model_config(cfg.model)
     if not cfg.model.path:
@@ -303,66 +370,59 @@ def rollout(
         dataset = [parse_row(row, f"rows[{i}]").to_dict() for i, row in enumerate(rows)][:limit]
     else:
         dataset = _load_rows(cfg, split, limit, tokenizer)
-    rewards = RewardManager.from_config(cfg.reward)
-    out_path = Path(out) if out is not None else None
-    total = len(dataset) * cfg.rollout.n
-    logger.info(
-        "rolling out %d row(s) x %d sample(s) with %s", len(dataset), cfg.rollout.n, cfg.model.path
-    )
-    start = time.perf_counter()
-    writer = _Writer(out_path)
-    bar, on_episode = _progress(total, progress)
+    return cfg, tokenizer, dataset
+
+
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a worker thread; if the caller is cancelled meanwhile (Ctrl-C),
+    ``fn`` still finishes before the cancellation goes on, so cleanup sees what it did."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
     try:
-        with _Generation(cfg) as manager, bar:
-            metrics = asyncio.run(
-                _run(manager, dataset, cfg.rollout.n, rewards, tokenizer, writer, on_episode)
-            )
-    finally:
-        writer.close()
-        rewards.close()
-    metrics["timing/rollout_s"] = time.perf_counter() - start
-    return RolloutResult(trajectories=writer.records, metrics=metrics, out=out_path)
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 class _Generation:
     """Ray (unless already connected), rollout servers, gateway, agent-loop workers;
-    stopped in reverse order on exit."""
+    ``stop`` stops what was started, in reverse order."""
 
     def __init__(self, cfg: AgentRLConfig) -> None:
         self.cfg = cfg
         self._undo: list[Callable[[], None]] = []
 
-    def __enter__(self) -> Any:
+    def start_ray(self) -> None:
+        """Start a local Ray instance (or connect to ``ray.address``) unless connected."""
         import ray
         from ray import serve
 
+        from agentrl.server.launch import init_ray
+
+        if not ray.is_initialized():
+            init_ray(self.cfg.ray)
+            self._undo.append(ray.shutdown)
+            self._undo.append(serve.shutdown)
+
+    def start(self) -> Any:
+        """The servers, the gateway if enabled, and the workers; returns the manager."""
         from agentrl.placement import rollout_actor_resources
         from agentrl.rollout.manager import AgentLoopManager
-        from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+        from agentrl.server.launch import start_rollout_servers, stop_rollout_servers
 
         cfg = self.cfg
-        try:
-            if not ray.is_initialized():
-                init_ray(cfg.ray)
-                self._undo.append(ray.shutdown)
-                self._undo.append(serve.shutdown)
-            start_rollout_servers(
-                cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
-            )
-            self._undo.append(lambda: stop_rollout_servers(cfg.server))
-            if cfg.gateway.enabled:  # loops with agent_name: external call it
-                from agentrl.server.gateway.deployment import start_gateway, stop_gateway
+        start_rollout_servers(cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout))
+        self._undo.append(lambda: stop_rollout_servers(cfg.server))
+        if cfg.gateway.enabled:  # loops with agent_name: external call it
+            from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 
-                start_gateway(cfg.gateway, cfg.model, cfg.server)
-                self._undo.append(lambda: stop_gateway(cfg.gateway))
-            manager = AgentLoopManager(cfg)
-            self._undo.append(manager.shutdown)
-        except BaseException:
-            self.__exit__()
-            raise
+            start_gateway(cfg.gateway, cfg.model, cfg.server)
+            self._undo.append(lambda: stop_gateway(cfg.gateway))
+        manager = AgentLoopManager(cfg)
+        self._undo.append(manager.shutdown)
         return manager
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         while self._undo:
             undo = self._undo.pop()
             try:

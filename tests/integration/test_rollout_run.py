@@ -8,11 +8,15 @@ process pool.
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import itertools
 import json
 import os
 import runpy
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +178,27 @@ def test_a_registered_loop_from_a_user_module_runs_on_fresh_workers(workspace):
         assert record["reward_info"]["turns"] == 1
     assert result.metrics["reward/score/mean"] == 0.75
     assert len((workspace / "guess.jsonl").read_text().splitlines()) == 6
+
+
+async def test_the_guides_notebook_cell_awaits_arollout_in_a_running_loop(workspace):
+    _write_questions(workspace)
+    ticks: list[float] = []
+
+    async def tick() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    cell = (workspace / "notebook_cell.py").read_text()
+    code = compile(cell, "notebook_cell.py", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    namespace: dict[str, Any] = {}
+    ticker = asyncio.create_task(tick())
+    try:
+        await eval(code, namespace)  # as a notebook runs a cell: in its running loop
+    finally:
+        ticker.cancel()
+    result = namespace["result"]
+    assert result.failed == 0 and len(result.trajectories) == 4
+    _check_records(result.trajectories, "retry_with_feedback")
+    # Starting the server and the workers took seconds; the loop kept ticking meanwhile.
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 3.0

@@ -9,7 +9,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.core.trajectory import ENV_TOKEN_VERSION, AgentLoopOutput
 from agentrl.reward.manager import RewardResult
 from agentrl.rollout.episode import EpisodeResult
-from agentrl.rollout.run import episode_messages, rollout, trajectory_record
+from agentrl.rollout.run import arollout, episode_messages, rollout, trajectory_record
 
 PROMPT = [{"role": "user", "content": "What is 2 + 2?"}]
 ROW = {"prompt": PROMPT, "data_source": "arithmetic", "reward_model": {"ground_truth": "4"}}
@@ -96,4 +96,13 @@ def test_rollout_refuses_an_empty_split_before_starting_anything(tiny_checkpoint
         rollout(cfg, tmp_path / "t.jsonl", split="val", limit=0)
     with pytest.raises(ConfigError, match=r"model\.path is required"):
         rollout(load_config(None, []), tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+async def test_in_a_running_event_loop_rollout_points_to_arollout(tiny_checkpoint, tmp_path):
+    cfg = load_config(None, [f"model.path={tiny_checkpoint}", "data.val_files=[v.jsonl]"])
+    with pytest.raises(RuntimeError, match=r"use `await arollout\(\.\.\.\)`"):
+        rollout(cfg, tmp_path / "t.jsonl", split="val")
+    with pytest.raises(ConfigError, match=r"data.train_files is empty"):
+        await arollout(cfg, tmp_path / "t.jsonl", split="train")
     assert not (tmp_path / "t.jsonl").exists()
