@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -135,17 +135,26 @@ class SessionAffinityPolicy:
             self.stats.evictions += 1
 
 
-_registry: dict[str, SessionAffinityPolicy] = {}
+_registry: dict[str, list[SessionAffinityPolicy]] = {}
 _registry_lock = threading.Lock()
 
 
 def register_policy(deployment: str, policy: SessionAffinityPolicy) -> None:
-    """Make ``policy``'s counters visible to ``affinity_stats`` in this process."""
+    """Make ``policy``'s counters visible to ``affinity_stats`` in this process.
+
+    A process may hold several routers of one deployment (``ServerClient`` routes its
+    generate calls through a handle of their own); their counters add up.
+    """
     with _registry_lock:
-        _registry[deployment] = policy
+        _registry.setdefault(deployment, []).append(policy)
 
 
 def affinity_stats() -> dict[str, AffinityStats]:
-    """A snapshot of every affinity router's counters in this process, by deployment name."""
+    """Every affinity router's counters in this process, summed by deployment name."""
     with _registry_lock:
-        return {name: replace(policy.stats) for name, policy in _registry.items()}
+        return {name: _total(policies) for name, policies in _registry.items()}
+
+
+def _total(policies: list[SessionAffinityPolicy]) -> AffinityStats:
+    names = [f.name for f in fields(AffinityStats)]
+    return AffinityStats(**{n: sum(getattr(p.stats, n) for p in policies) for n in names})

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
@@ -55,6 +56,14 @@ async def test_pause_update_resume_reaches_every_null_replica(client):
     out = await asyncio.wait_for(held, 30)
     assert out.token_versions == [4] * len(TOKENS)
     assert [s["weight_version"] for s in await client.stats()] == [4, 4]
+
+
+async def test_replicas_write_no_access_log_by_default(client):
+    await client.generate("logged", [1], SamplingParams())
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    replica_logs = list(logs.glob("replica_rollout_RolloutServer_*.log"))
+    assert replica_logs, f"no replica log in {logs}"
+    assert not any("CALL generate" in p.read_text() for p in replica_logs)
 
 
 class _Sessions:

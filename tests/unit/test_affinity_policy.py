@@ -173,3 +173,14 @@ def test_replica_that_failed_the_request_is_avoided_and_counted_as_failover():
 def test_avoid_is_ignored_when_no_other_replica_is_left():
     policy = SessionAffinityPolicy()
     assert policy.choose("s", ["r0"], avoid={"r0"}) == "r0"
+
+
+def test_stats_of_several_routers_of_one_deployment_add_up():
+    first, second = SessionAffinityPolicy(), SessionAffinityPolicy()
+    register_policy("two-routers", first)
+    register_policy("two-routers", second)
+    first.choose("s", REPLICAS)
+    second.choose("t", REPLICAS)
+    second.choose("t", REPLICAS)
+    stats = affinity_stats()["two-routers"]
+    assert (stats.new_sessions, stats.sticky_hits) == (2, 1)
