@@ -69,6 +69,9 @@ def workspace(tmp_path_factory, tiny_checkpoint):
     sys.path[:0] = [str(folder), str(user_pkgs)]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(user_pkgs), saved[2]]))
     write_files(GUIDE, folder)
+    if ray.is_initialized():  # an earlier module's Ray: its workers lack this PYTHONPATH
+        serve.shutdown()
+        ray.shutdown()
     init_ray(load_config(None, ["ray.num_cpus=2"]).ray)  # workers inherit PYTHONPATH
     try:
         yield folder
@@ -118,7 +121,10 @@ def test_the_guide_rolls_out_its_plugin_loop_from_the_cli_and_python(workspace):
         assert 1 <= attempts <= 3 and record["num_turns"] == 2 * attempts - 1
         envs = [m for m in record["messages"] if m["role"] == "env"]
         assert len(envs) == attempts - 1
-        assert all("Not quite." in m["content"] for m in envs)
+        # The feedback reached the model; an env turn that ends the response may be cut
+        # short by the response budget (``trajectory.build`` truncates the tail).
+        answered = [m for m in record["messages"][:-1] if m["role"] == "env"]
+        assert all("Not quite." in m["content"] for m in answered)
         assert 0 in record["response_mask"] or attempts == 1
         assert record["reward_info"]["acc"] in (0.0, 1.0)  # the built-in math scorer
 
