@@ -45,6 +45,15 @@ class Ledger:
         self.rows_duplicated += len(done) - len(set(done)) + len(before & set(done))
         self.rows_lost += final["next_index"] - len(before | set(done) | _pending(final))
 
+    def record_completed_run(
+        self, history: list[dict[str, float]], steps: int, trainer: AsyncTrainer, record_property
+    ) -> None:
+        """One uninterrupted ``fit`` of ``steps`` steps: its counts, then ``record``."""
+        self.add_run(history)
+        self.completed = len(history) == steps
+        self.count_rows(trainer)
+        self.record(record_property)
+
     def record(self, record_property) -> None:
         record_property("fault", json.dumps(asdict(self)))
         assert self.rows_lost == 0 and self.rows_duplicated == 0, self

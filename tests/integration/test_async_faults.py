@@ -146,10 +146,7 @@ async def test_a_killed_agent_loop_worker_fails_its_episodes_and_the_run_complet
         ledger.seconds_to_recover_or_stop = time.monotonic() - killed_at
     finally:
         trainer.shutdown()
-    ledger.add_run(history)
-    ledger.completed = len(history) == steps
-    ledger.count_rows(trainer)
-    ledger.record(record_property)
+    ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     assert ledger.episodes_failed >= 1, "the in-flight episodes were recorded as failed"
     batch = cfg.data.train_batch_size * cfg.rollout.n
@@ -176,10 +173,7 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
         trainer.shutdown()
-    ledger.add_run(history)
-    ledger.completed = len(history) == steps
-    ledger.count_rows(trainer)
-    ledger.record(record_property)
+    ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     # In-flight turns went to the other replica. Serve restarted the dead one with the
@@ -217,10 +211,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
         trainer.shutdown()
-    ledger.add_run(history)
-    ledger.completed = len(history) == steps
-    ledger.count_rows(trainer)
-    ledger.record(record_property)
+    ledger.record_completed_run(history, steps, trainer, record_property)
     assert killed and ledger.completed
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     assert versions == [trainer.version] * 2
