@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import os
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -57,6 +56,7 @@ from rich.table import Table
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import EpisodeResult
+from agentrl.testing.benchmarks import checkout_commit
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
@@ -283,14 +283,6 @@ def _queue_accounting(queue: dict[str, float]) -> tuple[int, int, int, int, int,
     return generated, started, failed, dropped, started - taken, downweighted
 
 
-def _commit() -> str:
-    sha = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return sha + ("-dirty" if dirty else "")
-
-
 def _workload(args: argparse.Namespace) -> dict[str, Any]:
     if args.recipe:
         return {"recipe": args.recipe, "model": args.model, "steps": args.steps}
@@ -350,7 +342,7 @@ def _payload(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[s
     others = {name: r for name, r in results.items() if name != "sync"}
     return {
         "benchmark": "async_vs_sync",
-        "commit": _commit(),
+        "commit": checkout_commit(ROOT),
         "workload": _workload(args),
         "modes": {name: asdict(r) for name, r in results.items()},
         **{

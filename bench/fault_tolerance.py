@@ -35,6 +35,8 @@ from tempfile import TemporaryDirectory
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.testing.benchmarks import checkout_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results" / "fault_tolerance.json"
@@ -66,14 +68,6 @@ LEDGER_COLUMNS = (
     "rows_lost",
     "rows_duplicated",
 )
-
-
-def _commit() -> str:
-    sha = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return sha + ("-dirty" if dirty else "")
 
 
 def _run_pytest(targets: list[str], junit: Path) -> float:
@@ -135,7 +129,7 @@ def main() -> None:
     run_level = [f for f in faults if f["level"] == "run"]
     payload = {
         "benchmark": "fault_tolerance",
-        "commit": _commit(),
+        "commit": checkout_commit(ROOT),
         "seconds": round(seconds, 1),
         "faults_injected": len(faults),
         "faults_survived": sum(bool(f["survived"]) for f in faults),

@@ -48,6 +48,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.testing.benchmarks import checkout_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_cpu.json"
 RUN_ROOT = ROOT / "runs" / "retool-cpu-bench"
@@ -279,15 +281,6 @@ def overall(runs: list[dict], control: dict) -> dict:
     }
 
 
-def _commit() -> str:
-    """The checked-out commit, with ``+dirty`` when tracked files have changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return f"{head}+dirty" if dirty else head
-
-
 def write_results(path: Path, runs: list[dict], control: dict, context: dict) -> None:
     """The benchmark's JSON: per-seed runs, their overall view and the worst cases."""
     gains = [r["gain"] for r in runs if r["gain"] is not None]
@@ -304,7 +297,7 @@ def write_results(path: Path, runs: list[dict], control: dict, context: dict) ->
         "overall": overall(runs, control),
         "runs": runs,
         **context,
-        "commit": _commit(),
+        "commit": checkout_commit(ROOT),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))

@@ -36,7 +36,6 @@ import asyncio
 import json
 import logging
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -56,6 +55,7 @@ from rich.table import Table  # noqa: E402
 
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams, TokenOutput  # noqa: E402
+from agentrl.testing.benchmarks import checkout_commit  # noqa: E402
 
 TURNS = 4
 SINGLE_TOKENS = 8
@@ -213,15 +213,6 @@ async def _measure(side: str, workload: str, ctx: dict[str, Any]) -> tuple[float
     return elapsed, work
 
 
-def _commit() -> str:
-    """The checked-out commit, with ``+dirty`` when tracked files have changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return f"{head}+dirty" if dirty else head
-
-
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -298,7 +289,7 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "benchmark": "rollout_transport",
-        "commit": _commit(),
+        "commit": checkout_commit(ROOT),
         "episodes": args.episodes,
         "repeats": args.repeats,
         "replicas": args.replicas,

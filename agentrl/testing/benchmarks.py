@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +74,13 @@ def run_benchmark(name: str, args: list[str], bench_dir: Path | None = None) -> 
     finally:
         sys.argv = saved_argv
     return 0
+
+
+def checkout_commit(root: Path) -> str:
+    """The commit checked out at ``root``, with ``+dirty`` when tracked files have
+    changes: what a benchmark records beside its results."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
+    return f"{head}+dirty" if dirty else head
