@@ -22,6 +22,24 @@ def tiny_checkpoint() -> Path:
     return default_tiny_checkpoint()
 
 
+@pytest.fixture(autouse=True)
+def _forget_plugins_after_each_test():
+    """Drop the plugins a test imported from ``$AGENTRL_PLUGINS`` when it ends.
+
+    ``import_plugins`` records them there for the processes this one starts later; left
+    set, a later test's Ray workers, Serve replicas and reward pools would try to import
+    modules that only existed in that test's temporary folder.
+    """
+    from agentrl.plugins import PLUGINS_ENV
+
+    before = os.environ.get(PLUGINS_ENV)
+    yield
+    if before is None:
+        os.environ.pop(PLUGINS_ENV, None)
+    else:
+        os.environ[PLUGINS_ENV] = before
+
+
 _EXIT_STATUS = pytest.StashKey[int]()
 
 
