@@ -44,8 +44,9 @@ import asyncio
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult, episode_from_session
 from agentrl.rollout.staleness import StalenessController
 
@@ -157,12 +158,13 @@ class TrajectoryQueue:
     async def put_session(
         self,
         session_id: str,
-        samples: list[dict[str, Any]],
+        samples: list[AgentLoopOutput],
         reward: float | None,
         group_id: str | None = None,
     ) -> str:
         """A finished gateway session (what the gateway's queue sink sends); see
-        ``put_external``. ``samples`` are the gateway's ``AgentLoopOutput``-shaped dicts."""
+        ``put_external``. ``samples`` are the session's ``AgentLoopOutput``s, one per
+        trajectory the gateway built (``TrajectoryBuilder``)."""
         if group_id is None and self.group_size > 1:
             if session_id in self._seen:
                 return self._refuse("duplicate")
