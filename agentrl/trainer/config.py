@@ -171,13 +171,17 @@ class TrainerConfig(Section):
     mismatch_probe_every: int = Field(
         1,
         ge=0,
-        description="old_log_probs=rollout: every N steps (0 = never) the actor recomputes "
-        "the log-probs of a few rows to measure the rollout/training mismatch "
-        "(`mismatch/` metrics, on the tokens sampled by the version the actor holds). "
+        description="old_log_probs=rollout: every N steps (0 = never), after the weight "
+        "push, the replicas answer a few of the step's prompts and the actor recomputes "
+        "the log-probs of those tokens to measure the rollout/training mismatch "
+        "(`mismatch/` metrics; the answers are never trained). "
         "old_log_probs=recompute measures it on every batch.",
     )
     mismatch_probe_rows: int = Field(
-        8, ge=1, description="Rows the mismatch probe recomputes (mismatch_probe_every)."
+        8,
+        ge=1,
+        description="Answers the mismatch probe asks for (mismatch_probe_every; at least "
+        "one per actor rank).",
     )
     max_staleness: int = Field(
         1,

@@ -24,10 +24,12 @@ from agentrl.algos import (
     overlong_penalty,
     scores_to_token_rewards,
 )
+from agentrl.core.trajectory import AgentLoopOutput
+from agentrl.core.types import TokenOutput
 from agentrl.reward.manager import RewardManager, RewardRequest
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.rollout.metrics import episode_info, rollout_metrics
-from agentrl.trainer.batch import Sample
+from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.dispatch import Batch
 
 
@@ -114,6 +116,34 @@ def apply_rollout_correction(batch: Batch, cfg: AlgorithmConfig) -> dict[str, fl
         batch["rollout_is_weights"] = result.weights
     metrics.update({k: float(v) for k, v in result.metrics.items()})
     return metrics
+
+
+def probe_prompts(samples: list[Sample], rows: int) -> list[list[int]]:
+    """``rows`` prompts of ``samples`` for the mismatch probe: one per group in turn, so
+    that a few rows cover as many problems as they can."""
+    distinct = list({s.group_id: s.output.prompt_ids for s in samples}.values())
+    return [distinct[i % len(distinct)] for i in range(rows)] if distinct else []
+
+
+def probe_batch(answered: list[tuple[list[int], TokenOutput]], pad_token_id: int) -> Batch | None:
+    """``(prompt, replica's answer)`` pairs as a batch (``build_batch``'s layout, every
+    response token the model's); None when no answer has a token."""
+    samples = [
+        Sample(
+            AgentLoopOutput(
+                prompt_ids=prompt,
+                response_ids=out.token_ids,
+                response_mask=[1] * len(out.token_ids),
+                response_logprobs=out.logprobs,
+                response_versions=out.token_versions,
+            ),
+            group_id="mismatch-probe",
+            score=0.0,
+        )
+        for prompt, out in answered
+        if out.token_ids
+    ]
+    return build_batch(samples, pad_token_id)[0] if samples else None
 
 
 def mismatch_probe(batch: Batch, version: int, max_rows: int) -> Batch | None:

@@ -42,6 +42,8 @@ from agentrl.trainer.steps import (
     apply_rollout_correction,
     mismatch_metrics,
     mismatch_probe,
+    probe_batch,
+    probe_prompts,
     sample_groups,
     sampled,
     score_episodes,
@@ -258,6 +260,9 @@ class Trainer:
             )
         with timer(metrics, "weight_sync"):
             metrics |= await self.push_weights()
+        if self._probe_due():
+            with timer(metrics, "mismatch_probe"):
+                metrics |= await self.probe_mismatch(samples)
         return metrics
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
@@ -330,20 +335,53 @@ class Trainer:
     async def _behaviour_log_probs(self, batch: Batch) -> dict[str, float]:
         if self.cfg.trainer.old_log_probs == "rollout":
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-            return await self._probe_mismatch(batch)
+            return {}
         out = await asyncio.to_thread(self.actor.compute_log_prob, batch)
         batch["old_log_probs"] = out["log_probs"]
         return apply_rollout_correction(batch, self.cfg.algorithm)
 
-    async def _probe_mismatch(self, batch: Batch) -> dict[str, float]:
-        """With the rollout's log-probs as behaviour policy nothing is recomputed, so
-        every ``trainer.mismatch_probe_every`` steps the actor recomputes a few rows to
-        measure the rollout/training mismatch (``mismatch/`` metrics)."""
-        every, rows = self.cfg.trainer.mismatch_probe_every, self.cfg.trainer.mismatch_probe_rows
-        if not every or self.step % every:
-            return {}
-        probe = mismatch_probe(batch, self.version, rows)
-        if probe is None:
+    def _probe_due(self) -> bool:
+        """With the rollout's log-probs as behaviour policy nothing is recomputed: the
+        mismatch is probed every ``trainer.mismatch_probe_every`` steps instead."""
+        every = self.cfg.trainer.mismatch_probe_every
+        rollout = self.cfg.trainer.old_log_probs == "rollout"
+        return rollout and every > 0 and self.step % every == 0
+
+    async def probe_mismatch(self, samples: list[Sample]) -> dict[str, float]:
+        """The rollout/training mismatch of the version just pushed (``mismatch/``
+        metrics): the replicas answer a few of the step's prompts, and the actor, which
+        holds that version, recomputes the log-probs of exactly those tokens.
+
+        The batch cannot serve: at η ≥ 1 its tokens come from older versions, which
+        differ from the actor's by the policy change as well. The probe's requests go to
+        the replicas directly, not through the agent loops, so they are never trained.
+        """
+        rows = max(self.cfg.trainer.mismatch_probe_rows, self.actor.world_size)
+        prompts = probe_prompts(samples, rows)
+        sampling = self.manager.default_sampling()
+        answers = await asyncio.gather(
+            *(self.client.generate(None, prompt, sampling) for prompt in prompts),
+            return_exceptions=True,
+        )
+        answered = [
+            (prompt, answer)
+            for prompt, answer in zip(prompts, answers, strict=True)
+            if not isinstance(answer, BaseException)
+        ]
+        if len(answered) < len(answers):
+            failure = next(a for a in answers if isinstance(a, BaseException))
+            logger.warning(
+                "step %d: %d of %d mismatch-probe requests failed: %r",
+                self.step + 1,
+                len(answers) - len(answered),
+                len(answers),
+                failure,
+            )
+        batch = probe_batch(answered, self.tokenizer.pad_token_id)
+        # Tokens of a replica that missed the push (restarted) are left out.
+        probe = None if batch is None else mismatch_probe(batch, self.version, rows)
+        if probe is None or probe["input_ids"].shape[0] < self.actor.world_size:
+            logger.warning("step %d: no mismatch probe (too few answers)", self.step + 1)
             return {}
         out = await asyncio.to_thread(self.actor.compute_log_prob, probe)
         return mismatch_metrics(probe, out["log_probs"])
