@@ -9,6 +9,7 @@ Stateless tools only implement ``execute``.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,7 +17,6 @@ from typing import Any
 
 import jsonschema
 
-from agentrl.ids import new_id
 from agentrl.tools.schema import OpenAIFunctionToolSchema
 
 __all__ = ["BaseTool", "ToolArgumentError", "ToolResponse"]
@@ -109,7 +109,7 @@ class BaseTool(ABC):
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
         """Start per-trajectory state; returns the instance id (a new random id if none given)."""
-        return instance_id or new_id()
+        return instance_id or uuid.uuid4().hex
 
     @abstractmethod
     async def execute(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.core.types import SamplingParams
-from agentrl.ids import new_id
 
 
 @dataclass
@@ -23,7 +23,7 @@ class EpisodeRequest:
     sample_index: int
     group_id: str
     sampling: SamplingParams
-    episode_id: str = field(default_factory=lambda: new_id("ep-"))
+    episode_id: str = field(default_factory=lambda: f"ep-{uuid.uuid4().hex}")
 
 
 @dataclass
@@ -100,7 +100,7 @@ def make_requests(
     """
     requests = []
     for offset, row in enumerate(rows):
-        group_id = new_id("grp-")
+        group_id = f"grp-{uuid.uuid4().hex}"
         index = first_row_index + offset
         requests.extend(
             EpisodeRequest(row, index, k, group_id, _episode_sampling(sampling, index, k))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.config import RolloutConfig
-from agentrl.ids import new_id
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
 
@@ -30,5 +30,5 @@ def loop_context(
         tools=tools,
         tool_parser=get_tool_parser(config.tool_parser),
         config=config,
-        session_id=session_id or new_id("ep-"),
+        session_id=session_id or f"ep-{uuid.uuid4().hex}",
     )

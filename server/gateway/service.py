@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -19,7 +20,6 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from agentrl.core.types import RolloutError, SamplingParams, TokenOutput
-from agentrl.ids import new_id
 from agentrl.server.client import ReplicaFailure
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.decoding import cut_at_stop, visible_text
@@ -216,7 +216,7 @@ class GatewayService:
         except TemplateError as exc:
             raise GatewayError(400, str(exc), param="messages") from exc
         return PreparedCall(
-            call_id=new_id("chatcmpl-"),
+            call_id=f"chatcmpl-{uuid.uuid4().hex}",
             model=model,
             session=session,
             prompt_ids=prompt_ids,
@@ -271,7 +271,7 @@ class GatewayService:
                 prompt_ids = parent.full_ids + await asyncio.to_thread(self._encode, suffix)
                 reused = len(parent.full_ids)
         return PreparedCall(
-            call_id=new_id("cmpl-"),
+            call_id=f"cmpl-{uuid.uuid4().hex}",
             model=model,
             session=session,
             prompt_ids=prompt_ids,
@@ -312,7 +312,7 @@ class GatewayService:
         )
         session = await self._open(session_id, group_id)
         prepared = PreparedCall(
-            call_id=new_id("gen-"),
+            call_id=f"gen-{uuid.uuid4().hex}",
             model=self.model_name,
             session=session,
             prompt_ids=prompt_ids,
@@ -368,7 +368,7 @@ class GatewayService:
                 choice.finish_reason = "tool_calls"
                 choice.tool_calls = [
                     {
-                        "id": new_id("call_"),
+                        "id": f"call_{uuid.uuid4().hex}",
                         "type": "function",
                         "function": {
                             "name": call.name,

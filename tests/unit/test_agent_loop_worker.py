@@ -31,6 +31,26 @@ class HangingLoop(AgentLoopBase):
         await asyncio.sleep(60)
 
 
+@register_agent_loop("test_stubborn")
+class StubbornLoop(AgentLoopBase):
+    """Swallows the cancellation of its time limit and returns."""
+
+    async def run(self, sample, sampling):
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return []
+
+
+@register_agent_loop("test_slow_tool")
+class SlowToolLoop(AgentLoopBase):
+    """Fails with a TimeoutError of its own (a tool's limit), well within the episode's."""
+
+    async def run(self, sample, sampling):
+        async with asyncio.timeout(0.01):
+            await asyncio.sleep(1)
+
+
 @register_agent_loop("test_two_samples")
 class TwoSampleLoop(AgentLoopBase):
     """An episode that emits two training samples (e.g. after context compaction)."""
@@ -81,10 +101,18 @@ async def test_crashing_loop_is_a_failed_result_not_a_crash(worker):
     assert results[0].outputs == []
 
 
-async def test_hanging_loop_times_out(worker):
-    (request,) = make_requests(_rows("test_hanging", 1), n=1, sampling=SAMPLING)
+@pytest.mark.parametrize("agent_name", ["test_hanging", "test_stubborn"])
+async def test_a_loop_past_its_time_limit_times_out(worker, agent_name):
+    (request,) = make_requests(_rows(agent_name, 1), n=1, sampling=SAMPLING)
     result = await worker.run_episode(request)
     assert result.error == "episode timed out after 0.5 s"
+    assert asyncio.current_task().cancelling() == 0
+
+
+async def test_a_timeout_error_of_the_loop_itself_is_a_failure_not_a_time_out(worker):
+    (request,) = make_requests(_rows("test_slow_tool", 1), n=1, sampling=SAMPLING)
+    result = await worker.run_episode(request)
+    assert result.error == "TimeoutError: "
 
 
 async def test_unknown_agent_name_is_a_failed_result(worker):
