@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from agentrl.algos import DynamicSampler, DynamicSamplingError
 from agentrl.config import AgentRLConfig
-from agentrl.core.types import SamplingParams
+from agentrl.core.types import INITIAL_WEIGHT_VERSION, SamplingParams
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
 from agentrl.placement import rollout_actor_resources
@@ -73,7 +73,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.trainer.run_dir)
         self.step = 0
-        self.version = 0
+        self.version = INITIAL_WEIGHT_VERSION
         self.trained_episodes: set[str] = set()
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
 
@@ -286,7 +286,7 @@ class Trainer:
     async def serve_restored_weights(self) -> None:
         """After a resume the servers still hold the initial weights: push the restored
         ones, labelled with the restored version, before anything is generated."""
-        if self.version > 0:
+        if self.version != INITIAL_WEIGHT_VERSION:
             await self.sync.push_from(self.actor, self.version)
             logger.info("pushed the restored weights (version %d) to the servers", self.version)
 
@@ -295,7 +295,7 @@ class Trainer:
         restarts a replica that died with the initial weights (version 0), and everything
         it samples would be stale. Call only between steps (the actor holds
         ``self.version``)."""
-        if self.version == 0:
+        if self.version == INITIAL_WEIGHT_VERSION:
             return
         try:
             stats = await asyncio.wait_for(self.client.stats(), _REPLICA_STATS_TIMEOUT_S)
