@@ -15,6 +15,8 @@ scalars/lists (``true``, ``3``, ``0.5``, ``[1, 2]``).
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,13 @@ from pydantic import BaseModel, Field, model_validator
 
 from agentrl.agent_loops.config import RolloutConfig
 from agentrl.algos.config import AlgorithmConfig
-from agentrl.core.config import ModelConfig, RayConfig, Section
+from agentrl.core.config import (
+    LEGACY_WEIGHT_SYNC_KEYS,
+    ModelConfig,
+    RayConfig,
+    Section,
+    WeightSyncConfig,
+)
 from agentrl.data.config import DataConfig
 from agentrl.placement import PlacementConfig
 from agentrl.reward.config import RewardConfig
@@ -48,12 +56,15 @@ __all__ = [
     "ServerConfig",
     "TrackingConfig",
     "TrainerConfig",
+    "WeightSyncConfig",
     "WorkersConfig",
     "apply_overrides",
     "describe_config",
     "load_config",
     "parse_override",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class AgentRLConfig(Section):
@@ -75,9 +86,40 @@ class AgentRLConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     logging: TrackingConfig = Field(default_factory=TrackingConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _weight_sync_keys_moved_out_of_trainer(cls, data: Any) -> Any:
+        """``trainer.weight_sync*`` (the old keys) still work: they go to ``weight_sync``."""
+        trainer = data.get("trainer") if isinstance(data, dict) else None
+        if not isinstance(trainer, dict):
+            return data
+        legacy = [key for key in LEGACY_WEIGHT_SYNC_KEYS if key in trainer]
+        if not legacy:
+            return data
+        data, trainer = dict(data), dict(trainer)
+        section = data.get("weight_sync") or {}
+        if not isinstance(section, dict):
+            return data  # the section's own validation reports it
+        section = dict(section)
+        for key in legacy:
+            new = LEGACY_WEIGHT_SYNC_KEYS[key]
+            if new in section:
+                raise ValueError(
+                    f"both trainer.{key} and weight_sync.{new} are set; keep weight_sync.{new}"
+                )
+            section[new] = trainer.pop(key)
+        data["trainer"], data["weight_sync"] = trainer, section
+        _warn_moved(
+            ", ".join(
+                f"trainer.{key} → weight_sync.{LEGACY_WEIGHT_SYNC_KEYS[key]}" for key in legacy
+            )
+        )
+        return data
 
     @model_validator(mode="after")
     def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
@@ -86,6 +128,11 @@ class AgentRLConfig(Section):
             if name not in self.gateway.model_fields_set:
                 setattr(self.gateway, name, getattr(self.rollout, name))
         return self
+
+
+@functools.cache
+def _warn_moved(renames: str) -> None:
+    logger.warning("deprecated config keys (they moved to the weight_sync section): %s", renames)
 
 
 class ConfigError(ValueError):

@@ -1,5 +1,9 @@
 """Weight sync strategies: push a trainer's new weights to every rollout replica.
 
+This is the sender side of each weight transport; the replica side is the receiver of the
+same transport (``receiver`` names it) in ``server/weight_receivers.py``, and the
+``weight_sync`` config section (``WeightSyncConfig``) picks both (``make_weight_sync``).
+
 A push is ``pause → load the new weights as version v → reset prefix cache → resume`` on
 every replica, done by one call per replica after the weights are already fetched, so a
 replica stops producing tokens only for its own load. A vLLM replica with
@@ -15,6 +19,10 @@ their partial tokens and the agent loops resubmit them (partial rollout).
   weights (rank 0) to every vLLM worker of every replica through a process group of its
   own (``agentrl.server.collective``): ``backend="nccl"`` on GPU clusters
   (``NCCLBroadcastSync``), ``"gloo"`` on CPU. Weights never pass through the object store.
+
+A new transport is a ``WeightSync`` subclass here whose ``receiver`` names a
+``WeightReceiver`` registered there, and a ``kind`` for it in ``WeightSyncConfig`` and
+``make_weight_sync``.
 """
 
 from __future__ import annotations
@@ -28,11 +36,12 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import ray
 import torch
 
+from agentrl.core.config import WeightSyncConfig
 from agentrl.core.types import PauseMode
 from agentrl.server.client import ServerClient
 from agentrl.server.collective import (
@@ -136,6 +145,10 @@ class WeightSource(Protocol):
 class WeightSync(ABC):
     """Pushes weights to the rollout servers; one instance per trainer."""
 
+    receiver: ClassVar[str]
+    """The kind of ``WeightReceiver`` (``server/weight_receivers.py``) the replicas take
+    this strategy's pushes with."""
+
     @abstractmethod
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         """Make every replica serve ``named_tensors`` as policy ``version``."""
@@ -151,6 +164,8 @@ class WeightSync(ABC):
 
 class ObjectStoreSync(WeightSync):
     """Buckets through the Ray object store, fetched by each replica."""
+
+    receiver = "object_store"
 
     def __init__(
         self,
@@ -170,7 +185,7 @@ class ObjectStoreSync(WeightSync):
             num_tensors += len(bucket)
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         prepared = time.perf_counter()
-        pauses = await self._client.swap_weights(refs, version, self._pause_mode)
+        pauses = await self._client.swap_weights(self.receiver, refs, version, self._pause_mode)
         timings = SyncTimings.from_clock(start, prepared, pauses, num_tensors, num_bytes, len(refs))
         logger.info(
             "pushed %d tensors (%.1f MB, %d buckets) as version %d: pause %.0f ms, total %.0f ms",
@@ -326,7 +341,7 @@ class CollectiveBroadcastSync(WeightSync):
     or was added); forming it fails with ``CollectiveSyncError`` after
     ``join_timeout_s`` if a replica cannot join. A push:
 
-    1. asks every replica who it is (control path, ``handle.broadcast``), forming the
+    1. asks every replica who it is (``ServerClient.prepare_weights``), forming the
        group if needed, and lays the weights out in buckets (a decoder layer is never
        split); the first push also has every replica check the names and shapes;
     2. every replica's workers receive the buckets while rank 0 broadcasts them
@@ -341,6 +356,8 @@ class CollectiveBroadcastSync(WeightSync):
     the actor's FSDP rank 0 the sender, so the weights go straight from the trainer's
     GPU to the engines'. With ``backend="nccl"`` rank 0 needs a CUDA device.
     """
+
+    receiver = "broadcast"
 
     def __init__(
         self,
@@ -385,7 +402,7 @@ class CollectiveBroadcastSync(WeightSync):
         """Leave the group on every replica and close rank 0's side."""
         if self._group is not None:
             try:
-                await asyncio.wait_for(self._client.collective_leave(), self._join_timeout_s)
+                await asyncio.wait_for(self._prepare("leave"), self._join_timeout_s)
             except Exception as exc:
                 logger.warning("replicas could not leave the weight-broadcast group: %s", exc)
         await self._drop_group()
@@ -395,10 +412,16 @@ class CollectiveBroadcastSync(WeightSync):
     ) -> SyncTimings:
         assert self._sender is not None
         if plans != self._checked_plans:
-            await self._client.collective_check(plans)
+            await self._prepare("check", plans)
             self._checked_plans = plans
         prepared = time.perf_counter()
-        swap = self._client.collective_swap(group.group_id, plans, version, self._pause_mode)
+        swap = self._client.swap_weights(
+            self.receiver,
+            {"group_id": group.group_id, "plans": plans},
+            version,
+            self._pause_mode,
+            skip_dead=False,  # the group cannot send with a dead member: re-formed next push
+        )
         results = await self._all_or_drop_group(
             [swap, self._sender.send()],
             f"broadcasting weights version {version} to {len(group.workers)} replica(s) "
@@ -427,7 +450,7 @@ class CollectiveBroadcastSync(WeightSync):
 
     async def _ensure_group(self, sender: BroadcastSender) -> _Group:
         """The current group if every replica is in it with ``sender`` as rank 0, else a new one."""
-        infos = await self._client.collective_info()
+        infos = await self._prepare("info")
         workers = {info["replica_id"]: int(info["num_workers"]) for info in infos}
         dtypes = {info["dtype"] for info in infos}
         if len(dtypes) > 1:
@@ -451,7 +474,7 @@ class CollectiveBroadcastSync(WeightSync):
             self.backend, layout.world_size, group.group_id, self._join_timeout_s, self._timeout_s
         )
         await self._all_or_drop_group(
-            [sender.connect(), self._client.collective_join(spec, layout.offsets)],
+            [sender.connect(), self._prepare("join", spec, layout.offsets)],
             f"weight-broadcast group ({self.backend}, {layout.world_size} ranks: rank 0 and "
             f"{len(workers)} replica(s) at {spec['master_addr']}:{spec['master_port']}) "
             f"was not formed within {self._join_timeout_s:.0f}s: ",
@@ -467,6 +490,10 @@ class CollectiveBroadcastSync(WeightSync):
             time.perf_counter() - start,
         )
         return group
+
+    async def _prepare(self, step: str, *args: Any) -> list[Any]:
+        """Setup ``step`` of the broadcast receiver on every replica."""
+        return await self._client.prepare_weights(self.receiver, step, *args)
 
     async def _all_or_drop_group(self, awaitables: list, failure: str) -> list:
         """Await all of ``awaitables``; if any failed, drop the group and raise
@@ -494,25 +521,20 @@ class NCCLBroadcastSync(CollectiveBroadcastSync):
         super().__init__(client, backend="nccl", **kwargs)
 
 
-def make_weight_sync(
-    kind: str,
-    client: ServerClient,
-    *,
-    bucket_bytes: int,
-    pause_mode: PauseMode | str = PauseMode.KEEP,
-    join_timeout_s: float = 60.0,
-    timeout_s: float = 600.0,
-) -> WeightSync:
-    """The strategy ``trainer.weight_sync`` names: ``object_store``, ``nccl`` or ``gloo``."""
-    if kind == "object_store":
-        return ObjectStoreSync(client, bucket_bytes=bucket_bytes, pause_mode=pause_mode)
-    if kind in BACKENDS:
+def make_weight_sync(config: WeightSyncConfig, client: ServerClient) -> WeightSync:
+    """The strategy ``weight_sync.kind`` names: ``object_store``, ``nccl`` or ``gloo``."""
+    bucket_bytes = int(config.bucket_mb * 1024**2)
+    if config.kind == "object_store":
+        return ObjectStoreSync(client, bucket_bytes=bucket_bytes, pause_mode=config.pause_mode)
+    if config.kind in BACKENDS:
         return CollectiveBroadcastSync(
             client,
-            backend=kind,
+            backend=config.kind,
             bucket_bytes=bucket_bytes,
-            pause_mode=pause_mode,
-            join_timeout_s=join_timeout_s,
-            timeout_s=timeout_s,
+            pause_mode=config.pause_mode,
+            join_timeout_s=config.join_timeout_s,
+            timeout_s=config.timeout_s,
         )
-    raise ValueError(f"unknown weight sync {kind!r}; use object_store, {', '.join(BACKENDS)}")
+    raise ValueError(
+        f"unknown weight sync {config.kind!r}; use object_store, {', '.join(BACKENDS)}"
+    )

@@ -200,60 +200,42 @@ class ServerClient:
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
-        """Load new weights on every replica as ``version``, then drop stale KV cache.
-
-        The tensors go into the object store once; each replica fetches them.
-        """
-        await self.load_weights(ray.put([(n, t.detach().cpu()) for n, t in named_tensors]), version)
-        await self.reset_prefix_cache()
-
-    async def load_weights(self, weights: ray.ObjectRef, version: int) -> None:
-        """Every replica loads the ``(name, tensor)`` list stored at ``weights`` as ``version``.
-
-        Unlike ``update_weights`` the prefix cache is kept: weight-sync strategies send
-        several buckets, then reset the cache once.
-        """
-        await self._broadcast("update_weights", [weights], version, skip_dead=True)
-
-    async def swap_weights(
-        self, buckets: list[ray.ObjectRef], version: int, mode: PauseMode | str = PauseMode.KEEP
-    ) -> list[float]:
-        """Every replica pauses, loads ``buckets`` as ``version``, resets its cache, resumes.
-
-        One call per replica: each is paused only for its own load. Returns each
-        replica's pause seconds.
-        """
-        return await self._broadcast(
-            "swap_weights", buckets, version, PauseMode(mode).value, skip_dead=True
-        )
+        """Load new weights on every replica as ``version`` (pause → load → reset prefix
+        cache → resume); the tensors go into the object store once, each replica fetches
+        them."""
+        weights = ray.put([(n, t.detach().cpu()) for n, t in named_tensors])
+        await self.swap_weights("object_store", [weights], version)
 
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache", skip_dead=True)
 
-    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
+    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
 
-    async def collective_info(self) -> list[dict[str, Any]]:
-        """Per replica: ``replica_id``, ``node_ip``, ``num_workers``, ``dtype``, ``group_id``."""
-        return await self._broadcast("collective_info")
+    async def prepare_weights(self, kind: str, step: str, *args: Any) -> list[Any]:
+        """Every replica runs setup ``step`` of weight receiver ``kind`` (e.g. joining a
+        broadcast group); one result per replica. Fails if any replica died."""
+        return await self._broadcast("prepare_weights", kind, step, *args)
 
-    async def collective_join(self, spec: dict[str, Any], first_ranks: dict[str, int]) -> None:
-        """Every replica's workers join the weight-broadcast group ``spec``."""
-        await self._broadcast("collective_join", spec, first_ranks)
-
-    async def collective_check(self, plans: list[Any]) -> None:
-        """Every replica validates the bucket plans of a broadcast push (nothing loaded)."""
-        await self._broadcast("collective_check", plans)
-
-    async def collective_swap(
-        self, group_id: str, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
+    async def swap_weights(
+        self,
+        kind: str,
+        payload: Any,
+        version: int,
+        mode: PauseMode | str = PauseMode.KEEP,
+        *,
+        skip_dead: bool = True,
     ) -> list[float]:
-        """Every replica pauses and receives the broadcast; returns each one's pause seconds."""
-        return await self._broadcast(
-            "collective_swap", group_id, plans, version, PauseMode(mode).value
-        )
+        """Every replica receives ``payload`` through receiver ``kind``, pauses, swaps it in
+        as ``version``, resets its cache and resumes.
 
-    async def collective_leave(self) -> None:
-        await self._broadcast("collective_leave")
+        One call per replica: each is paused only for its own load. Returns each
+        replica's pause seconds. ``skip_dead``: a replica that dies meanwhile is left out
+        (see ``_broadcast``); a broadcast, whose group cannot send with a dead member,
+        passes False.
+        """
+        return await self._broadcast(
+            "swap_weights", kind, payload, version, PauseMode(mode).value, skip_dead=skip_dead
+        )
 
     async def stats(self) -> list[dict[str, Any]]:
         """One stats dict per replica."""

@@ -7,7 +7,6 @@ import os
 import uuid
 from typing import Any
 
-import ray
 import torch
 from ray import serve
 from ray.serve import Application
@@ -15,10 +14,10 @@ from ray.serve.schema import LoggingConfig
 
 from agentrl.core.config import ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams, TokenOutput
-from agentrl.server.collective import node_ip
 from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
+from agentrl.server.weight_receivers import WeightReceiver, receiver_class
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +40,13 @@ class RolloutServer:
     """Serves token-in/token-out generation and the control calls of one engine.
 
     Requests arrive through ``ServerClient`` (data path, routed per session) and
-    ``handle.broadcast`` (control path: pause, resume, update_weights, ...).
+    ``handle.broadcast`` (control path: pause, resume, weight pushes, stats).
     """
 
     def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
         self._engine = create_engine(ModelConfig(**model), EngineConfig(**engine))
         self._replica_id = serve.get_replica_context().replica_id.unique_id
-        self._group_id: str | None = None  # weight-broadcast group this replica is in
+        self._receivers: dict[str, WeightReceiver] = {}  # weight receivers by kind
         logger.info("rollout replica %s ready (%s)", self._replica_id, engine["backend"])
 
     async def generate(
@@ -82,76 +81,34 @@ class RolloutServer:
         await self._engine.resume()
         return self._replica_id
 
-    async def update_weights(self, weights: list[ray.ObjectRef], version: int) -> str:
-        """Load ``(name, tensor)`` pairs stored once in the object store (``weights[0]``)."""
-        named_tensors = await weights[0]
-        await self._engine.update_weights(named_tensors, version)
-        return self._replica_id
-
-    async def swap_weights(
-        self, weights: list[ray.ObjectRef], version: int, mode: str = PauseMode.KEEP.value
-    ) -> float:
-        """Fetch the buckets, then pause → load them as ``version`` → reset cache → resume.
-
-        A staged engine (vLLM, ``weight_swap=staged``) loads them before pausing and only
-        swaps them in while paused. Returns the seconds this replica was paused (no token
-        is produced meanwhile).
-        """
-        buckets = [await ref for ref in weights]
-        return await self._engine.swap_weights(buckets, version, PauseMode(mode))
-
     async def reset_prefix_cache(self) -> str:
         await self._engine.reset_prefix_cache()
         return self._replica_id
 
-    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
+    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
 
-    async def collective_info(self) -> dict[str, Any]:
-        """This replica's id, node IP, ranks it adds to a weight-broadcast group, dtype."""
-        return {
-            "replica_id": self._replica_id,
-            "node_ip": node_ip(),
-            "group_id": self._group_id,
-            **self._engine.weight_group_info(),
-        }
+    async def prepare_weights(self, kind: str, step: str, *args: Any) -> Any:
+        """Setup ``step`` of weight receiver ``kind`` (e.g. joining a broadcast group)."""
+        return await self._receiver(kind).prepare(step, *args)
 
-    async def collective_join(self, spec: dict[str, Any], first_ranks: dict[str, int]) -> str:
-        """Join the group ``spec`` at the rank ``first_ranks`` gives this replica."""
-        first_rank = first_ranks.get(self._replica_id)
-        if first_rank is None:
-            raise RuntimeError(
-                f"rollout replica {self._replica_id} has no rank in weight-broadcast group "
-                f"{spec['group_id']} (it started after the group was planned); retry the push"
-            )
-        self._group_id = None
-        await self._engine.join_weight_group(spec, first_rank, node_ip())
-        self._group_id = spec["group_id"]
-        return self._replica_id
-
-    async def collective_check(self, plans: list[Any]) -> str:
-        await self._engine.check_weight_plans(plans)
-        return self._replica_id
-
-    async def collective_swap(
-        self, group_id: str, plans: list[Any], version: int, mode: str = PauseMode.KEEP.value
+    async def swap_weights(
+        self, kind: str, payload: Any, version: int, mode: str = PauseMode.KEEP.value
     ) -> float:
-        """Receive the broadcast ``plans`` as ``version``, with a pause → reset → resume.
+        """Receive a push through receiver ``kind`` and serve it as ``version``: pause →
+        load → reset cache → resume.
 
-        A staged engine receives and loads them while generating and pauses only for the
-        swap; otherwise the pause covers the broadcast, which starts once every replica
-        paused. Returns the seconds this replica was paused.
+        A staged engine (vLLM, ``weight_swap=staged``) loads the weights before pausing
+        and only swaps them in while paused. Returns the seconds this replica was paused
+        (no token is produced meanwhile).
         """
-        if group_id != self._group_id:
-            raise RuntimeError(
-                f"rollout replica {self._replica_id} is in weight-broadcast group "
-                f"{self._group_id}, not {group_id}"
-            )
-        return await self._engine.swap_received_weights(plans, version, PauseMode(mode))
+        return await self._receiver(kind).swap(payload, version, PauseMode(mode))
 
-    async def collective_leave(self) -> str:
-        self._group_id = None
-        await self._engine.leave_weight_group()
-        return self._replica_id
+    def _receiver(self, kind: str) -> WeightReceiver:
+        receiver = self._receivers.get(kind)
+        if receiver is None:
+            receiver = receiver_class(kind)(self._engine, self._replica_id)
+            self._receivers[kind] = receiver
+        return receiver
 
     async def stats(self) -> dict[str, Any]:
         return {"replica_id": self._replica_id, **await self._engine.stats()}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,11 +15,43 @@ from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOut
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
+@dataclass(frozen=True)
+class WorkerWeights:
+    """Weights an engine's worker processes receive themselves, through the worker half of
+    the transport ``source["kind"]`` names (``WeightReceiver.worker_tensors``); ``source``
+    is handed to every worker as it is (plain, msgpack-friendly values)."""
+
+    source: dict[str, Any]
+
+
+Weights = Sequence[NamedTensors] | WorkerWeights
+"""What ``RolloutEngine.swap_weights`` loads: buckets of tensors here, or ``WorkerWeights``."""
+
+
+@dataclass(frozen=True)
+class WeightWorkers:
+    """An engine's worker processes, as a transport's receiver sees them."""
+
+    num_workers: int
+    """Ranks the workers add to a weight-broadcast group (tensor × pipeline parallel)."""
+    dtype: str
+    """The dtype the workers' weights are in (what a sender casts floats to)."""
+    call: Callable[..., Awaitable[list[Any]]]
+    """``call(kind, step, *args, timeout=None)``: run ``step`` of receiver ``kind``'s worker
+    half (``WeightReceiver.on_worker``) on every worker; one result per worker."""
+    check: Callable[[list[list[tuple[str, tuple[int, ...]]]]], Awaitable[None]]
+    """``check(buckets)``: raise ``RolloutError`` unless buckets of ``(name, shape)`` would
+    load (known names, right shapes, whole fused modules per bucket); nothing is loaded."""
+
+
 class RolloutEngine(ABC):
     """Token-in, token-out generation with weight updates and interruptible pauses.
 
-    Implementations: ``VLLMEngine`` (vLLM ``AsyncLLM``) and ``HFEngine`` (transformers).
-    All methods are coroutines so one asyncio loop can serve many agent loops.
+    Implementations: ``VLLMEngine`` (vLLM ``AsyncLLM``), ``HFEngine`` (transformers) and
+    ``NullEngine``. All methods are coroutines so one asyncio loop can serve many agent
+    loops. Weight transports reach an engine through ``swap_weights`` (and, for ones that
+    deliver into worker processes, ``weight_workers``); ``update_weights`` is the load an
+    engine implements.
     """
 
     @abstractmethod
@@ -48,70 +81,35 @@ class RolloutEngine(ABC):
         """
 
     async def swap_weights(
-        self,
-        buckets: Sequence[NamedTensors],
-        version: int,
-        mode: PauseMode | str = PauseMode.KEEP,
+        self, weights: Weights, version: int, mode: PauseMode | str = PauseMode.KEEP
     ) -> float:
-        """Pause (``mode``) → load ``buckets`` as ``version`` → reset prefix cache → resume.
+        """Pause (``mode``) → load ``weights`` as ``version`` → reset prefix cache → resume.
 
-        Returns the seconds generation was paused. Engines that can load the weights
-        before pausing (``VLLMEngine`` with ``weight_swap=staged``) override this.
+        The one entry of every weight transport (``server/weight_receivers.py``):
+        ``weights`` are buckets of tensors in this process, or ``WorkerWeights`` for an
+        engine with ``weight_workers``. Returns the seconds generation was paused.
+        Engines that can load the weights before pausing (``VLLMEngine`` with
+        ``weight_swap=staged``) override this.
         """
+        if isinstance(weights, WorkerWeights):
+            raise RolloutError(
+                f"{type(self).__name__} has no worker processes to receive "
+                f"{weights.source['kind']!r} weights; use weight_sync.kind=object_store"
+            )
         start = time.perf_counter()
         await self.pause(mode)
         try:
-            for named_tensors in buckets:
+            for named_tensors in weights:
                 await self.update_weights(named_tensors, version)
             await self.reset_prefix_cache()
         finally:
             await self.resume()
         return time.perf_counter() - start
 
-    # -- collective weight sync (agentrl.weight_sync.CollectiveBroadcastSync) --------------
-
-    def weight_group_info(self) -> dict[str, Any]:
-        """``{"num_workers", "dtype"}``: ranks this engine adds to a weight-broadcast group."""
-        raise RolloutError(self._no_collective())
-
-    async def join_weight_group(
-        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
-    ) -> list[int]:
-        """Join the weight-broadcast group ``spec`` (``server.collective.GroupSpec``)."""
-        raise RolloutError(self._no_collective())
-
-    async def check_weight_plans(self, plans: list[Any]) -> None:
-        """Raise ``RolloutError`` if the bucket plans do not fit this model (nothing loaded)."""
-        raise RolloutError(self._no_collective())
-
-    async def receive_weights(self, plans: list[Any], version: int) -> None:
-        """Receive the buckets of ``plans`` from the group's rank 0 and load them as ``version``."""
-        raise RolloutError(self._no_collective())
-
-    async def swap_received_weights(
-        self, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
-    ) -> float:
-        """``swap_weights`` for broadcast buckets: pause → ``receive_weights`` → reset → resume.
-
-        Returns the seconds generation was paused.
-        """
-        start = time.perf_counter()
-        await self.pause(mode)
-        try:
-            await self.receive_weights(plans, version)
-            await self.reset_prefix_cache()
-        finally:
-            await self.resume()
-        return time.perf_counter() - start
-
-    async def leave_weight_group(self) -> None:  # noqa: B027 - nothing to leave by default
-        """Drop the weight-broadcast group, if any."""
-
-    def _no_collective(self) -> str:
-        return (
-            f"{type(self).__name__} does not support collective weight sync; use "
-            "engine.backend=vllm or trainer.weight_sync=object_store"
-        )
+    def weight_workers(self) -> WeightWorkers | None:
+        """The worker processes that hold this engine's weights, for transports that
+        deliver straight into them (a broadcast group); None: the weights live here."""
+        return None
 
     @abstractmethod
     async def reset_prefix_cache(self) -> None:

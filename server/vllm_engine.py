@@ -47,9 +47,15 @@ from agentrl.core.types import (
     TokenOutput,
 )
 from agentrl.server.checks import check_prompt, clamp_max_tokens
-from agentrl.server.collective import BucketPlan, plans_from_wire, unpack
+from agentrl.server.collective import BucketPlan, unpack
 from agentrl.server.config import EngineConfig
-from agentrl.server.engine import NamedTensors, RolloutEngine
+from agentrl.server.engine import (
+    NamedTensors,
+    RolloutEngine,
+    Weights,
+    WeightWorkers,
+    WorkerWeights,
+)
 from agentrl.server.vllm_worker_ext import encode_tensor
 
 logger = logging.getLogger(__name__)
@@ -361,24 +367,31 @@ class VLLMEngine(RolloutEngine):
             await self._llm.collective_rpc("agentrl_reload_end")
 
     async def swap_weights(
-        self,
-        buckets: Sequence[NamedTensors],
-        version: int,
-        mode: PauseMode | str = PauseMode.KEEP,
+        self, weights: Weights, version: int, mode: PauseMode | str = PauseMode.KEEP
     ) -> float:
-        """Pause (``mode``) → swap in ``buckets`` as ``version`` → reset cache → resume.
+        """Pause (``mode``) → swap in ``weights`` as ``version`` → reset cache → resume.
 
-        Staged: the buckets are checked, copied to the workers and loaded into the shadow
-        model first, while requests keep generating; a failure there raises and leaves
-        the old weights and version serving. Returns the seconds generation was paused.
+        ``weights`` are buckets of tensors, or ``WorkerWeights`` the workers receive
+        themselves (a broadcast). Staged: the weights are checked, delivered to the
+        workers and loaded into the shadow model first, while requests keep generating; a
+        failure there raises and leaves the old weights and version serving. In place,
+        the pause covers the delivery too. Returns the seconds generation was paused.
         """
         self._check_open()
         pause_mode = PauseMode(mode)
+        if isinstance(weights, WorkerWeights):
+            if not await self._use_staging():
+                return await self._swap_in_place(
+                    lambda: self._reload_in_workers(weights.source, version), pause_mode
+                )
+            async with self._staging:
+                await self._run_staging(weights.source)
+                return await self._commit_staged(version, pause_mode, reset_cache=True)
         if not await self._use_staging():
             return await self._swap_in_place(
-                lambda: self._update_buckets(buckets, version), pause_mode
+                lambda: self._update_buckets(weights, version), pause_mode
             )
-        tensors = self._validate_update(itertools.chain.from_iterable(buckets))
+        tensors = self._validate_update(itertools.chain.from_iterable(weights))
         async with self._staging:
             await self._stage_tensors(tensors)
             return await self._commit_staged(version, pause_mode, reset_cache=True)
@@ -543,57 +556,45 @@ class VLLMEngine(RolloutEngine):
         else:
             await self._llm.pause_generation(mode=mode.value, clear_cache=False)
 
-    # -- collective weight sync ---------------------------------------------------------
+    # -- weight transports that deliver into the workers (server/weight_receivers.py) -----
 
-    def weight_group_info(self) -> dict[str, Any]:
+    def weight_workers(self) -> WeightWorkers:
         """One rank per vLLM worker (tensor × pipeline parallel); tensors arrive in ``dtype``."""
         parallel = self._llm.vllm_config.parallel_config
-        return {
-            "num_workers": parallel.tensor_parallel_size * parallel.pipeline_parallel_size,
-            "dtype": self._model_cfg.dtype,
-        }
+        return WeightWorkers(
+            num_workers=parallel.tensor_parallel_size * parallel.pipeline_parallel_size,
+            dtype=self._model_cfg.dtype,
+            call=self._call_workers,
+            check=self._check_buckets,
+        )
 
-    async def join_weight_group(
-        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
-    ) -> list[int]:
-        """Every worker joins the group ``spec``; returns their ranks.
-
-        Blocks the engine core until all ranks of the group arrived (one-time setup), and
-        raises once ``spec["join_timeout_s"]`` passed without them.
-        """
+    async def _call_workers(
+        self, kind: str, step: str, *args: Any, timeout: float | None = None
+    ) -> list[Any]:
+        """Step ``step`` of receiver ``kind`` on every worker, between engine steps (joining
+        a broadcast group blocks the engine core until every rank arrived)."""
         self._check_open()
         async with self._control:
             return await self._llm.collective_rpc(
-                "agentrl_join_group",
-                timeout=spec["join_timeout_s"] + 30,
-                args=(spec, first_rank, local_addr),
+                "agentrl_receiver_call", timeout=timeout, args=(kind, step, *args)
             )
 
-    async def check_weight_plans(self, plans: list[Any]) -> None:
-        """Every tensor of ``plans`` is a known weight of the right shape; modules are whole."""
+    async def _check_buckets(self, buckets: list[list[tuple[str, tuple[int, ...]]]]) -> None:
+        """Every ``(name, shape)`` is a known weight of that shape; modules are whole."""
         self._check_open()
         seen: set[str] = set()
-        for plan in plans_from_wire(plans):
-            for slot in plan.slots:
-                self._check_param(slot.name, slot.shape, seen)
+        for bucket in buckets:
+            for name, shape in bucket:
+                self._check_param(name, tuple(shape), seen)
             async with self._control:
-                await self._check_whole_modules([slot.name for slot in plan.slots])
+                await self._check_whole_modules([name for name, _ in bucket])
 
-    async def receive_weights(self, plans: list[Any], version: int) -> None:
-        """Receive the broadcast buckets of ``plans`` into every worker; label them ``version``.
+    async def _reload_in_workers(self, source: dict[str, Any], version: int) -> None:
+        """The workers receive ``source`` into the live model (one reload); label ``version``.
 
-        Pauses (``keep``) for the load if the engine is not paused already; staged, the
-        buckets are received and loaded while generating and the pause only covers the
-        swap. A failure part way in place leaves a mix of old and new weights, staged the
-        old weights; the version label stays the old one.
+        Pauses (``keep``) for the load if the engine is not paused already. A failure part
+        way leaves a mix of old and new weights; the version label stays the old one.
         """
-        self._check_open()
-        if await self._use_staging():
-            async with self._staging:
-                await self._run_staging({"kind": "broadcast", "plans": plans})
-                await self._commit_staged(version, PauseMode.KEEP, reset_cache=False)
-            logger.info("received %d bucket(s) staged; weight version %d", len(plans), version)
-            return
         async with self._control:
             pause_here = not self._paused
             if pause_here:
@@ -601,13 +602,11 @@ class VLLMEngine(RolloutEngine):
             start = time.perf_counter()
             try:
                 try:
-                    counts = await self._llm.collective_rpc(
-                        "agentrl_receive_weights", args=(plans,)
-                    )
+                    counts = await self._llm.collective_rpc("agentrl_reload_from", args=(source,))
                 except Exception as exc:
                     raise RuntimeError(
-                        f"receiving broadcast weights (version {version}) failed; the engine "
-                        f"may hold a mix of old and new weights: {exc}"
+                        f"receiving {source['kind']} weights (version {version}) failed; the "
+                        f"engine may hold a mix of old and new weights: {exc}"
                     ) from exc
                 await self._llm.update_weight_version(str(version))
                 self._version = version
@@ -616,36 +615,12 @@ class VLLMEngine(RolloutEngine):
                 if pause_here:
                     await self._llm.resume_generation()
         logger.info(
-            "received %d tensors in %d bucket(s) in %.2fs; weight version %d",
+            "received %d tensors (%s) in %.2fs; weight version %d",
             counts[0],
-            len(plans),
+            source["kind"],
             time.perf_counter() - start,
             version,
         )
-
-    async def swap_received_weights(
-        self, plans: list[Any], version: int, mode: PauseMode | str = PauseMode.KEEP
-    ) -> float:
-        """Receive ``plans`` as ``version`` with pause → swap → reset cache → resume.
-
-        Staged: the broadcast is received and loaded while generating; only the swap is
-        paused. Returns the seconds generation was paused.
-        """
-        self._check_open()
-        pause_mode = PauseMode(mode)
-        if not await self._use_staging():
-            return await self._swap_in_place(
-                lambda: self.receive_weights(plans, version), pause_mode
-            )
-        async with self._staging:
-            await self._run_staging({"kind": "broadcast", "plans": plans})
-            return await self._commit_staged(version, pause_mode, reset_cache=True)
-
-    async def leave_weight_group(self) -> None:
-        if self._closed:
-            return
-        async with self._control:
-            await self._llm.collective_rpc("agentrl_leave_group")
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached KV block; running requests are recomputed from their tokens."""

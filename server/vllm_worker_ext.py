@@ -16,10 +16,11 @@ layer that received nothing as a failure (``<Layer>: Failed to load weights``, t
 current tensors back), so a reload per bucket logged one warning per layer of every other
 bucket on every push.
 
-The ``agentrl_*_group`` / ``agentrl_receive_weights`` methods are the worker side of
-``CollectiveBroadcastSync``: each worker is one rank of a weight-broadcast group
-(``agentrl.server.collective``) and receives full (unsharded) tensors from the trainer;
-``reload_weights`` shards them for tensor parallelism.
+Weight transports that deliver into the workers themselves (a broadcast group, where each
+worker is one rank and receives full, unsharded tensors from the trainer) run their worker
+half here through ``agentrl_receiver_call`` and the sources ``agentrl_reload_from`` and
+``agentrl_stage_begin`` read (``server/weight_receivers.py``); the reload shards the
+tensors for tensor parallelism.
 
 The ``agentrl_stage_*`` methods are the staged swap (``VLLMEngine`` with
 ``engine.weight_swap=staged``): a second instance of the model (the shadow, built once)
@@ -44,13 +45,8 @@ from typing import Any
 
 import torch
 
-from agentrl.server.collective import (
-    BroadcastGroup,
-    BucketPlan,
-    GroupSpec,
-    plans_from_wire,
-    unpack,
-)
+from agentrl.server.collective import BucketPlan, unpack
+from agentrl.server.weight_receivers import receiver_class
 
 logger = logging.getLogger(__name__)
 
@@ -118,54 +114,27 @@ class WeightSyncExtension:
             raise RuntimeError("no in-place weight reload is open on this worker")
         return len(reload.finish())
 
-    def agentrl_join_group(
-        self, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
-    ) -> int:
-        """Join the weight-broadcast group as rank ``first_rank`` + this worker's index.
+    def agentrl_receiver_call(self, kind: str, step: str, *args: Any) -> Any:
+        """Step ``step`` of weight receiver ``kind``'s worker half (e.g. joining a
+        broadcast group): ``WeightReceiver.on_worker`` with this worker."""
+        return receiver_class(kind).on_worker(self, step, *args)
 
-        Blocks until every rank joined (or ``spec["join_timeout_s"]`` passed); returns
-        the rank.
-        """
-        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-
-        self.agentrl_leave_group()
-        tp, pp = get_tp_group(), get_pp_group()
-        rank = first_rank + pp.rank_in_group * tp.world_size + tp.rank_in_group
-        group_spec = GroupSpec.from_wire(spec)
-        device = self.device if group_spec.backend == "nccl" else torch.device("cpu")  # type: ignore[attr-defined]
-        group = BroadcastGroup(group_spec, rank, device)
-        group.connect(local_addr=local_addr)
-        self._agentrl_group = group
-        return rank
-
-    def agentrl_receive_weights(self, plans: list[Any]) -> int:
-        """Receive every bucket of ``plans`` from rank 0 and load it; returns tensors loaded."""
-        group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
-        if group is None:
-            raise RuntimeError("this worker is not in a weight-broadcast group")
+    def agentrl_reload_from(self, source: dict[str, Any]) -> int:
+        """Receive ``source`` (a ``WorkerWeights.source``) into the live model as one
+        in-place reload; returns the tensors loaded."""
         count = 0
 
-        def received() -> Iterator[tuple[str, torch.Tensor]]:
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal count
-            for plan in plans_from_wire(plans):
-                tensors = group.receive_bucket(plan)
-                count += len(tensors)
-                yield from tensors
+            for item in self._agentrl_source(source):
+                count += 1
+                yield item
 
         # One reload for all buckets: a layer's tensors are never split across buckets, so
         # vLLM processes each layer as soon as its bucket arrived and frees the bucket.
-        InPlaceReload(self).run(received())
+        InPlaceReload(self).run(counted())
         logger.debug("received and reloaded %d tensors", count)
         return count
-
-    def agentrl_leave_group(self) -> bool:
-        """Drop this worker's weight-broadcast group; False when it had none."""
-        group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
-        self._agentrl_group = None
-        if group is None:
-            return False
-        group.close()
-        return True
 
     # -- staged swap ------------------------------------------------------------------------
 
@@ -182,8 +151,9 @@ class WeightSyncExtension:
 
         ``source`` is ``{"kind": "shm", "path", "plan"}`` (a file of tensors laid out by
         a ``BucketPlan``, read through a shared mapping), ``{"kind": "inline", "tensors"}``
-        (``encode_tensor`` items) or ``{"kind": "broadcast", "plans"}`` (received from this
-        worker's weight-broadcast group). ``fresh`` forgets what earlier calls staged.
+        (``encode_tensor`` items) or a ``WorkerWeights.source`` of a weight receiver, e.g.
+        ``{"kind": "broadcast", "plans"}`` (received from this worker's broadcast group).
+        ``fresh`` forgets what earlier calls staged.
         """
         self._agentrl_stager().begin(lambda: self._agentrl_source(source), fresh)
         return True
@@ -226,14 +196,8 @@ class WeightSyncExtension:
         elif kind == "inline":
             for item in source["tensors"]:
                 yield decode_tensor(item)
-        elif kind == "broadcast":
-            group: BroadcastGroup | None = getattr(self, "_agentrl_group", None)
-            if group is None:
-                raise RuntimeError("this worker is not in a weight-broadcast group")
-            for plan in plans_from_wire(source["plans"]):
-                yield from group.receive_bucket(plan)
-        else:
-            raise ValueError(f"unknown staging source {kind!r}")
+        else:  # delivered by a transport's worker half (server/weight_receivers.py)
+            yield from receiver_class(kind).worker_tensors(self, source)
 
 
 _NOT_SET = object()

@@ -2,7 +2,9 @@
 
 Each subsystem owns its own section next to its code (``agentrl.server.config``,
 ``agentrl.agent_loops.config``, ``agentrl.trainer.config``, ``agentrl.algos.config``, ...);
-only :mod:`agentrl.config` composes them into the full ``AgentRLConfig`` tree.
+only :mod:`agentrl.config` composes them into the full ``AgentRLConfig`` tree. The
+sections here are read by several layers (``model``, ``ray``) or are the contract between
+two of them (``weight_sync``: the trainer's sender and the replicas' receiver).
 """
 
 from __future__ import annotations
@@ -40,3 +42,52 @@ class RayConfig(Section):
     )
     num_cpus: int | None = Field(None, description="CPUs Ray may use on a local start.")
     namespace: str = Field("agentrl", description="Ray namespace.")
+
+
+class WeightSyncConfig(Section):
+    """How the trainer's new weights reach the rollout replicas (``agentrl.weight_sync``).
+
+    ``kind`` picks the sender strategy in the trainer and the receiver of the same
+    transport in every replica (``server/weight_receivers.py``).
+    """
+
+    kind: Literal["object_store", "nccl", "gloo"] = Field(
+        "object_store",
+        description="How new weights reach the rollout replicas. object_store: through the "
+        "Ray object store (CPU or GPU). nccl: broadcast from the actor's rank 0 to every vLLM "
+        "worker of every replica over a NCCL group of their own (GPU clusters). gloo: the "
+        "same broadcast over gloo (CPU). nccl/gloo need server.engine.backend=vllm.",
+    )
+    pause_mode: Literal["keep", "abort", "wait"] = Field(
+        "keep",
+        description="How in-flight generation is paused during a weight push "
+        "(keep: held and resumed under the new weights).",
+    )
+    bucket_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Bucket size of a weight push (object store or broadcast); a decoder "
+        "layer is never split.",
+    )
+    join_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="nccl/gloo: seconds every rollout worker has to join the broadcast group "
+        "(formed at the first push, again when replicas change) before the push fails.",
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="nccl/gloo: limit of one bucket broadcast, which also waits for every "
+        "replica to pause (pause_mode=wait waits for running requests).",
+    )
+
+
+LEGACY_WEIGHT_SYNC_KEYS = {
+    "weight_sync": "kind",
+    "weight_sync_pause_mode": "pause_mode",
+    "weight_sync_bucket_mb": "bucket_mb",
+    "weight_sync_join_timeout_s": "join_timeout_s",
+    "weight_sync_timeout_s": "timeout_s",
+}
+"""``trainer.<old key>`` → ``weight_sync.<key>``: where the section's keys used to live."""

@@ -199,36 +199,6 @@ class TrainerConfig(Section):
         "sessions of free-running OpenAI clients, `gateway.sink: queue`); then "
         "`data.train_files` may be empty.",
     )
-    weight_sync_pause_mode: Literal["keep", "abort", "wait"] = Field(
-        "keep",
-        description="How in-flight generation is paused during a weight push "
-        "(keep: held and resumed under the new weights).",
-    )
-    weight_sync_bucket_mb: float = Field(
-        256.0,
-        gt=0,
-        description="Bucket size of a weight push (object store or broadcast); a decoder "
-        "layer is never split.",
-    )
-    weight_sync: Literal["object_store", "nccl", "gloo"] = Field(
-        "object_store",
-        description="How new weights reach the rollout replicas. object_store: through the "
-        "Ray object store (CPU or GPU). nccl: broadcast from the actor's rank 0 to every vLLM "
-        "worker of every replica over a NCCL group of their own (GPU clusters). gloo: the "
-        "same broadcast over gloo (CPU). nccl/gloo need engine.backend=vllm.",
-    )
-    weight_sync_join_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description="nccl/gloo: seconds every rollout worker has to join the broadcast group "
-        "(formed at the first push, again when replicas change) before the push fails.",
-    )
-    weight_sync_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="nccl/gloo: limit of one bucket broadcast, which also waits for every "
-        "replica to pause (weight_sync_pause_mode=wait waits for running requests).",
-    )
     samples_to_save: int = Field(
         4, ge=0, description="Trajectories rendered to the run directory each step."
     )

@@ -121,14 +121,7 @@ class Trainer:
         self.rewards = RewardManager.from_config(cfg.reward)
         self.loss_fn = make_actor_loss(cfg.algorithm)
         self.critic_loss_fn = make_critic_loss(cfg.algorithm)
-        self.sync = make_weight_sync(
-            cfg.trainer.weight_sync,
-            self.client,
-            bucket_bytes=int(cfg.trainer.weight_sync_bucket_mb * 1024**2),
-            pause_mode=cfg.trainer.weight_sync_pause_mode,
-            join_timeout_s=cfg.trainer.weight_sync_join_timeout_s,
-            timeout_s=cfg.trainer.weight_sync_timeout_s,
-        )
+        self.sync = make_weight_sync(cfg.weight_sync, self.client)
         self.tracker = MetricsLogger.from_config(
             self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
         )

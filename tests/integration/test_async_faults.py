@@ -197,8 +197,8 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     swap_weights = trainer.client.swap_weights
     killed: list[float] = []
 
-    async def swap_and_kill(buckets, version, mode):
-        swap = asyncio.ensure_future(swap_weights(buckets, version, mode))
+    async def swap_and_kill(kind, payload, version, mode, **options):
+        swap = asyncio.ensure_future(swap_weights(kind, payload, version, mode, **options))
         if version == 2:  # the second push: one replica dies while it swaps
             killed.append(time.monotonic())
             os.kill(_pids("ray::ServeReplica:rollout:")[0], signal.SIGKILL)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agentrl.core.config import WeightSyncConfig
 from agentrl.core.types import SamplingParams
 from agentrl.server.collective import CollectiveSyncError
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
@@ -117,19 +118,21 @@ async def test_gloo_broadcast_loads_the_weights_on_every_replica(
 async def test_a_replica_that_cannot_join_fails_within_the_timeout(client, perturbed):
     """A phantom replica never joins: the push fails after join_timeout_s, no hang."""
     sync = CollectiveBroadcastSync(client, backend="gloo", join_timeout_s=3.0)
-    real_info = client.collective_info
+    real_prepare = client.prepare_weights
 
-    async def with_phantom():
-        infos = await real_info()
-        return [*infos, {**infos[0], "replica_id": "zz-phantom", "group_id": None}]
+    async def with_phantom(kind, step, *args):
+        answers = await real_prepare(kind, step, *args)
+        if step != "info":
+            return answers
+        return [*answers, {**answers[0], "replica_id": "zz-phantom", "group_id": None}]
 
-    client.collective_info = with_phantom
+    client.prepare_weights = with_phantom
     start = time.perf_counter()
     try:
         with pytest.raises(CollectiveSyncError, match="was not formed within 3s"):
             await sync.push(perturbed, version=4)
     finally:
-        del client.collective_info
+        del client.prepare_weights
     assert time.perf_counter() - start < 30
     # The replicas are healthy and the next push forms a fresh group.
     await sync.push(perturbed, version=5)
@@ -143,7 +146,7 @@ async def test_the_fsdp_actor_rank0_broadcasts_its_gathered_weights(
     """The trainer path: ``push_from(actor)`` makes FSDP rank 0 (of 2) the sender."""
     actor = ActorGroup(ActorConfig(world_size=2, num_cpus_per_worker=0.5), str(tiny_checkpoint))
     try:
-        sync = make_weight_sync("gloo", client, bucket_bytes=256 * 1024)
+        sync = make_weight_sync(WeightSyncConfig(kind="gloo", bucket_mb=0.25), client)
         timings = await sync.push_from(actor, version=6)
         assert timings.num_buckets > 1
         assert [s["weight_version"] for s in await client.stats()] == [6, 6]

@@ -4,11 +4,13 @@ A push arrives in several buckets, as the trainer sends it. After the push the e
 log-probs must equal a Hugging Face forward of the pushed weights, whichever layers the
 push changed (attention q/k/v and output, MLP gate/up and down, norms, the tied
 embedding), and vLLM's workers must not report layers that failed to load: the push is
-one reload, however many buckets carry it.
+one reload, however many buckets carry it, also when the engine's workers receive it
+themselves from a weight-broadcast group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import os
@@ -24,6 +26,8 @@ from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams
 from agentrl.models.tiny import build_tiny_checkpoint
 from agentrl.server.vllm_engine import VLLMEngine
+from agentrl.server.weight_receivers import BroadcastReceiver
+from agentrl.weight_sync import BroadcastRoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -164,3 +168,39 @@ async def test_bucketed_pushes_log_no_failed_layers(engine, hf_model, worker_log
     # Neither for this push nor for the earlier ones of this module.
     assert "Failed to load weights" not in log
     assert "were not loaded from checkpoint" not in log
+
+
+async def test_a_broadcast_push_is_received_by_the_workers_in_one_reload(
+    engine, hf_model, worker_log, monkeypatch
+):
+    """The broadcast receiver's in-place path: this process is rank 0, the engine's
+    worker the other rank; the workers receive the buckets themselves and reload once."""
+    monkeypatch.setattr("agentrl.server.collective.node_ip", lambda: "127.0.0.1")
+    monkeypatch.setattr("agentrl.server.weight_receivers.node_ip", lambda: "127.0.0.1")
+    model = _perturbed(hf_model, ("proj", "layernorm"), seed=123)
+    receiver = BroadcastReceiver(engine, "r-0")
+    info = await receiver.prepare("info")
+    root = BroadcastRoot()
+    try:
+        world = 1 + info["num_workers"]
+        spec = await asyncio.to_thread(root.host, "gloo", world, "g-inplace", 30.0, 60.0)
+        await asyncio.gather(
+            asyncio.to_thread(root.connect), receiver.prepare("join", spec, {"r-0": 1})
+        )
+        plans = await asyncio.to_thread(root.stage, _buckets_by_layer(model), info["dtype"])
+        assert len(plans) > 2
+        await receiver.prepare("check", plans)
+        version = engine.weight_version + 1
+        paused, _ = await asyncio.gather(
+            receiver.swap({"group_id": "g-inplace", "plans": plans}, version, PauseMode.KEEP),
+            asyncio.to_thread(root.send),
+        )
+        assert paused > 0 and engine.weight_version == version
+        out = await engine.generate("broadcast", PROMPTS[1], GREEDY)
+        assert out.token_versions == [version] * len(out.token_ids)
+        served = _hf_logprobs(model, PROMPTS[1], out.token_ids)
+        assert _max_diff(out.logprobs, served) <= LOGPROB_TOL
+    finally:
+        await receiver.prepare("leave")
+        root.close()
+    assert "Failed to load weights" not in worker_log.read_text()

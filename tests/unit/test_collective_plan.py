@@ -8,12 +8,13 @@ tensor parallelism), group reuse and re-forming run without vLLM.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
 import torch
 
-from agentrl.config import load_config
+from agentrl.config import WeightSyncConfig, _warn_moved, load_config
 from agentrl.server.collective import (
     ALIGN_BYTES,
     BroadcastGroup,
@@ -25,6 +26,7 @@ from agentrl.server.collective import (
     plans_from_wire,
     unpack,
 )
+from agentrl.server.weight_receivers import RECEIVERS
 from agentrl.weight_sync import (
     CollectiveBroadcastSync,
     NCCLBroadcastSync,
@@ -84,19 +86,33 @@ def test_unknown_backends_are_rejected():
     assert NCCLBroadcastSync(object()).backend == "nccl"  # type: ignore[arg-type]
 
 
-def test_trainer_weight_sync_config_picks_the_strategy():
-    assert load_config(None, []).trainer.weight_sync == "object_store"
-    cfg = load_config(None, ["trainer.weight_sync=nccl", "trainer.weight_sync_timeout_s=30"])
-    sync = make_weight_sync(
-        cfg.trainer.weight_sync,
-        object(),
-        bucket_bytes=1024,
-        timeout_s=30,  # type: ignore[arg-type]
-    )
+def test_the_weight_sync_section_picks_the_strategy_and_its_receiver():
+    cfg = load_config(None, [])
+    sync = make_weight_sync(cfg.weight_sync, object())  # type: ignore[arg-type]
+    assert isinstance(sync, ObjectStoreSync) and sync.receiver == "object_store"
+    cfg = load_config(None, ["weight_sync.kind=nccl", "weight_sync.timeout_s=30"])
+    sync = make_weight_sync(cfg.weight_sync, object())  # type: ignore[arg-type]
     assert isinstance(sync, CollectiveBroadcastSync) and sync.backend == "nccl"
-    assert isinstance(make_weight_sync("object_store", object(), bucket_bytes=1), ObjectStoreSync)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="unknown weight sync"):
-        make_weight_sync("rdma", object(), bucket_bytes=1)  # type: ignore[arg-type]
+    assert sync._timeout_s == 30 and sync.receiver == "broadcast"
+    for kind in ("object_store", "gloo", "nccl"):
+        sync = make_weight_sync(WeightSyncConfig(kind=kind), object())  # type: ignore[arg-type]
+        assert sync.receiver in RECEIVERS
+    with pytest.raises(ValueError, match="weight_sync"):
+        load_config(None, ["weight_sync.kind=rdma"])
+
+
+def test_the_old_trainer_weight_sync_keys_still_work_with_one_warning(caplog):
+    old = ["trainer.weight_sync=gloo", "trainer.weight_sync_bucket_mb=8"]
+    _warn_moved.cache_clear()  # once per process: an earlier test may have warned
+    with caplog.at_level(logging.WARNING, logger="agentrl.config"):
+        cfg = load_config(None, old)
+        load_config(None, old)
+    assert cfg.weight_sync.kind == "gloo" and cfg.weight_sync.bucket_mb == 8
+    assert cfg.weight_sync.timeout_s == WeightSyncConfig().timeout_s
+    warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert len(warnings) == 1 and "trainer.weight_sync → weight_sync.kind" in warnings[0]
+    with pytest.raises(ValueError, match=r"keep weight_sync\.kind"):
+        load_config(None, ["trainer.weight_sync=gloo", "weight_sync.kind=nccl"])
     with pytest.raises(ValueError, match="weight_sync"):
         load_config(None, ["trainer.weight_sync=rdma"])
 
@@ -112,7 +128,8 @@ def test_a_missing_rank_times_out_at_the_join_with_a_clear_error():
 
 
 class _FakeReplicas:
-    """``ServerClient``'s collective calls, answered by worker threads of fake replicas."""
+    """``ServerClient``'s weight calls to broadcast receivers, answered by worker threads
+    of fake replicas."""
 
     def __init__(self, workers: dict[str, int]) -> None:
         self.workers = workers
@@ -123,13 +140,21 @@ class _FakeReplicas:
         self.joins = 0
         self.checks = 0
 
-    async def collective_info(self):
+    async def prepare_weights(self, kind, step, *args):
+        assert kind == "broadcast"
+        return await getattr(self, step)(*args)
+
+    async def swap_weights(self, kind, payload, version, mode, skip_dead=True):
+        assert kind == "broadcast" and not skip_dead
+        return await self.swap(payload["group_id"], payload["plans"], version, mode)
+
+    async def info(self):
         return [
             {"replica_id": r, "num_workers": n, "dtype": "float32", "group_id": self.group_id[r]}
             for r, n in self.workers.items()
         ]
 
-    async def collective_join(self, spec, first_ranks):
+    async def join(self, spec, first_ranks):
         self.joins += 1
         group_spec = GroupSpec.from_wire(spec)
 
@@ -148,10 +173,10 @@ class _FakeReplicas:
         for replica in self.workers:
             self.group_id[replica] = group_spec.group_id
 
-    async def collective_check(self, plans):
+    async def check(self, plans):
         self.checks += 1
 
-    async def collective_swap(self, group_id, plans, version, mode):
+    async def swap(self, group_id, plans, version, mode):
         def receive(key: tuple[str, int]) -> None:
             got = {}
             for plan in plans_from_wire(plans):
@@ -163,7 +188,7 @@ class _FakeReplicas:
         self.versions = dict.fromkeys(self.workers, version)
         return [0.01] * len(self.workers)
 
-    async def collective_leave(self):
+    async def leave(self):
         for group in self.groups.values():
             group.close()
         self.groups.clear()
@@ -212,7 +237,7 @@ async def test_every_worker_of_every_replica_receives_every_tensor(loopback):
 
     replicas.workers["r-2"] = 1  # a replica joined the deployment: a new group is formed
     replicas.group_id["r-2"] = None
-    await replicas.collective_leave()
+    await replicas.leave()
     await sync.push(weights, version=9)
     assert replicas.joins == 2 and replicas.versions == {"r-0": 9, "r-1": 9, "r-2": 9}
     await sync.close()
@@ -227,7 +252,7 @@ async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
     async def dead_replica(*args):
         raise RuntimeError("replica died")
 
-    replicas.collective_swap = dead_replica
+    replicas.swap = dead_replica
     start = time.perf_counter()
     with pytest.raises(CollectiveSyncError, match=r"version 2 .* replica died"):
         await sync.push(_weights(), version=2)

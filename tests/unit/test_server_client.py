@@ -135,25 +135,29 @@ def _broadcast_client(outcomes: list[Any]) -> ServerClient:
 
 async def test_a_weight_swap_leaves_out_a_replica_that_died_during_it(caplog):
     client = _broadcast_client([0.02, RayActorError(actor_id=DEAD)])
-    assert await client.swap_weights([], version=3) == [0.02]
+    assert await client.swap_weights("object_store", [], version=3) == [0.02]
     assert "1 of 2 replicas died during the call" in caplog.text
 
 
 async def test_a_weight_swap_that_no_replica_survived_returns_no_pauses(caplog):
     # The only replica died: Serve restarts it and the trainer brings it up to date.
     client = _broadcast_client([RayActorError(actor_id=DEAD)])
-    assert await client.swap_weights([], version=3) == []
+    assert await client.swap_weights("object_store", [], version=3) == []
     assert "1 of 1 replicas died during the call" in caplog.text
 
 
 async def test_a_replica_error_that_is_not_a_death_fails_the_weight_swap():
     client = _broadcast_client([0.02, RuntimeError("shapes do not match")])
     with pytest.raises(RuntimeError, match="shapes do not match"):
-        await client.swap_weights([], version=3)
+        await client.swap_weights("object_store", [], version=3)
 
 
-async def test_collective_calls_fail_on_any_dead_replica():
+async def test_weight_setup_and_broadcast_swaps_fail_on_any_dead_replica():
     # A broadcast group with a dead member cannot send: the strategy rebuilds the group.
     client = _broadcast_client([None, RayActorError(actor_id=DEAD)])
     with pytest.raises(ReplicaFailure):
-        await client.collective_join({}, {})
+        await client.prepare_weights("broadcast", "join", {}, {})
+    with pytest.raises(ReplicaFailure):
+        await client.swap_weights("broadcast", {}, 3, skip_dead=False)
+    assert [call[0] for call in client._handle.calls] == ["prepare_weights", "swap_weights"]
+    assert client._handle.calls[1][1] == ("broadcast", {}, 3, "keep")
