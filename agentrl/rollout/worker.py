@@ -19,6 +19,7 @@ from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.config import AgentRLConfig
 from agentrl.plugins import import_plugins
+from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
@@ -55,6 +56,7 @@ class AgentLoopWorker:
         )
         self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
         self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)
+        self._deadlines = EpisodeDeadlines(rollout.loop_timeout_s)
 
     def _connect(self) -> GenerateClient:
         from agentrl.server.client import ServerClient
@@ -88,25 +90,18 @@ class AgentLoopWorker:
         )
         async with self._slots:
             start = time.perf_counter()
-            deadline = asyncio.timeout(self.config.rollout.loop_timeout_s)
             try:
                 context = self._context(request.episode_id)
                 loop = get_agent_loop(agent_name)(context)
-                async with deadline:
-                    outputs = await loop.run(request.row, request.sampling)
-                if deadline.expired():  # the loop swallowed the cancellation and returned
-                    raise TimeoutError
+                outputs = await self._deadlines.run(loop.run(request.row, request.sampling))
                 result.outputs = outputs if isinstance(outputs, list) else [outputs]
                 for output in result.outputs:
                     output.metrics.update(context.metrics)
+            except EpisodeTimeout:
+                result.error = f"episode timed out after {self.config.rollout.loop_timeout_s:g} s"
             except Exception as exc:
-                if deadline.expired():  # not a TimeoutError the loop raised itself
-                    result.error = (
-                        f"episode timed out after {self.config.rollout.loop_timeout_s:g} s"
-                    )
-                else:
-                    logger.exception("episode %s (%s) failed", request.episode_id, agent_name)
-                    result.error = f"{type(exc).__name__}: {exc}"
+                logger.exception("episode %s (%s) failed", request.episode_id, agent_name)
+                result.error = f"{type(exc).__name__}: {exc}"
             result.latency_s = time.perf_counter() - start
         return result
 
