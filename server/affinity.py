@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 
@@ -104,6 +104,27 @@ class SessionAffinityPolicy:
         self.stats.sticky_hits += 1
         self._sessions.move_to_end(session_id)
         return sticky
+
+    def pin(self, session_ids: Iterable[str], replica: str, candidates: Collection[str]) -> None:
+        """Record ``session_ids`` as sticky to ``replica``: one request that carries them
+        all was routed there (coalesced requests, routed by another session of theirs).
+
+        Counted per session as ``choose`` would: a new session, a sticky hit, a failover
+        (its replica is no longer among ``candidates``) or a move.
+        """
+        for session_id in session_ids:
+            sticky = self._sessions.get(session_id)
+            if sticky == replica:
+                self.stats.sticky_hits += 1
+                self._sessions.move_to_end(session_id)
+                continue
+            if sticky is None:
+                self.stats.new_sessions += 1
+            elif sticky not in candidates:
+                self.stats.failovers += 1
+            else:
+                self.stats.moves += 1
+            self._assign(session_id, replica)
 
     def on_routed(self, request_id: str, replica: str) -> None:
         """Count ``request_id`` as in flight on ``replica`` (re-routing replaces the old entry)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ from tenacity import (
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 from agentrl.server.affinity import AffinityStats, affinity_stats
+from agentrl.server.config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,14 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+def _per_request(exc: BaseException) -> BaseException:
+    """The error one request of a failed coalesced call raises (its own instance for a
+    replica failure, which each request catches and retries on its own)."""
+    if isinstance(exc, ReplicaFailure):
+        return ReplicaFailure(str(exc), actor_id=exc.actor_id)
+    return exc
+
+
 def _backoff(failures: int) -> float:
     """Seconds to wait before retrying a request that failed ``failures`` times."""
     return min(5.0, 0.2 * 2 ** (failures - 1))
@@ -57,6 +67,10 @@ class ServerClient:
     replica) and retries on replica failure: the retry resends the whole request to a
     live replica, and the result of a failed attempt is never returned, so every call
     returns exactly one output.
+
+    ``coalesce_max_batch`` (None: off) coalesces the first attempts of the generate calls
+    one event-loop tick makes: those for one replica travel as one Serve call of up to
+    that many requests (see ``_Coalescer``).
     """
 
     def __init__(
@@ -66,23 +80,56 @@ class ServerClient:
         deployment_name: str,
         max_retries: int = 3,
         timeout_s: float = 600.0,
+        coalesce_max_batch: int | None = None,
+        max_sessions: int = 100_000,
     ) -> None:
         self._handle = handle
         self._deployment_name = deployment_name
         self._loop_handle: tuple[asyncio.AbstractEventLoop, DeploymentHandle] | None = None
         self._max_retries = max_retries
         self._timeout_s = timeout_s
+        self._coalesce_max_batch = coalesce_max_batch
+        self._coalescer: _Coalescer | None = None
+        self._max_sessions = max_sessions
+        self._session_replicas: OrderedDict[str, str] = OrderedDict()
+        self._replicas_seen: set[str] = set()
         self.replica_failures = 0
         """Attempts that failed because their replica died (each was retried elsewhere)."""
+        self.coalesced_requests = 0
+        """Requests that travelled in a coalesced Serve call with others."""
 
     @classmethod
     def connect(
-        cls, app_name: str, deployment_name: str, *, max_retries: int = 3, timeout_s: float = 600.0
+        cls,
+        app_name: str,
+        deployment_name: str,
+        *,
+        max_retries: int = 3,
+        timeout_s: float = 600.0,
+        coalesce_max_batch: int | None = None,
     ) -> ServerClient:
         """A client of a running rollout application (same Ray cluster)."""
         handle = serve.get_deployment_handle(deployment_name, app_name)
         return cls(
-            handle, deployment_name=deployment_name, max_retries=max_retries, timeout_s=timeout_s
+            handle,
+            deployment_name=deployment_name,
+            max_retries=max_retries,
+            timeout_s=timeout_s,
+            coalesce_max_batch=coalesce_max_batch,
+        )
+
+    @classmethod
+    def from_config(cls, server: ServerConfig, *, timeout_s: float | None = None) -> ServerClient:
+        """A client of the running rollout application ``server`` describes, with its
+        retries, timeout (``timeout_s`` overrides it) and coalescing."""
+        from agentrl.server.deployment import DEPLOYMENT_NAME
+
+        return cls.connect(
+            server.name,
+            DEPLOYMENT_NAME,
+            max_retries=server.max_retries,
+            timeout_s=server.request_timeout_s if timeout_s is None else timeout_s,
+            coalesce_max_batch=server.coalesce_max_batch if server.coalesce else None,
         )
 
     async def generate(
@@ -111,7 +158,7 @@ class ServerClient:
         # only a replica failure enters the tenacity policy below.
         failed_actors: set[str] = set()
         try:
-            return await self._attempt(request, failed_actors)
+            return await self._attempt(request, failed_actors, coalesce=True)
         except ReplicaFailure:
             if not self._max_retries:
                 raise
@@ -131,18 +178,91 @@ class ServerClient:
                 return await self._attempt(request, failed_actors)
         raise AssertionError("unreachable: tenacity reraises the last failure")
 
-    async def _attempt(self, request: dict[str, Any], failed_actors: set[str]) -> TokenOutput:
-        """One try of a generate request, avoiding the replicas that failed it before."""
-        response = self._data_handle().generate.remote(
-            **request, avoid_actor_ids=frozenset(failed_actors)
-        )
+    async def _attempt(
+        self, request: dict[str, Any], failed_actors: set[str], *, coalesce: bool = False
+    ) -> TokenOutput:
+        """One try of a generate request, avoiding the replicas that failed it before.
+
+        ``coalesce``: the try may travel with other requests (only a first try does).
+        """
+        if coalesce and self._coalesce_max_batch:
+            outcome = self._coalescing().submit(request)
+        else:
+            outcome = self._await(self._send_one(request, frozenset(failed_actors)))
         try:
-            return await self._await(response)
+            out = await outcome
         except ReplicaFailure as failure:
             self.replica_failures += 1
             if failure.actor_id:
                 failed_actors.add(failure.actor_id)
             raise
+        if self._coalesce_max_batch:
+            self._remember(request["session_id"], out.replica_id)
+        return out
+
+    def _send_one(self, request: dict[str, Any], avoid: frozenset[str] = frozenset()) -> Any:
+        return self._data_handle().generate.remote(**request, avoid_actor_ids=avoid)
+
+    def _send_batch(self, requests: list[dict[str, Any]]) -> Any:
+        self.coalesced_requests += len(requests)
+        sessions = [r["session_id"] for r in requests if r["session_id"] is not None]
+        return self._data_handle().generate_batch.remote(
+            requests,
+            session_id=sessions[0] if sessions else None,
+            session_ids=tuple(sessions[1:]),
+            avoid_actor_ids=frozenset(),
+        )
+
+    def _coalescing(self) -> _Coalescer:
+        """This event loop's coalescer (a new one for a call from another loop)."""
+        loop = asyncio.get_running_loop()
+        if self._coalescer is None or self._coalescer.loop is not loop:
+            assert self._coalesce_max_batch
+            self._coalescer = _Coalescer(self, loop, self._coalesce_max_batch)
+        return self._coalescer
+
+    def _remember(self, session_id: str | None, replica_id: str) -> None:
+        """Note the replica that served ``session_id``: the router keeps it there, so its
+        next turn is coalesced with the other requests for that replica."""
+        if session_id is None or not replica_id:
+            return
+        self._replicas_seen.add(replica_id)
+        self._session_replicas[session_id] = replica_id
+        self._session_replicas.move_to_end(session_id)
+        if len(self._session_replicas) > self._max_sessions:
+            self._session_replicas.popitem(last=False)
+
+    def _replica_hint(self, session_id: str | None) -> str | None:
+        """The replica that served ``session_id``'s last turn (None: new or sessionless)."""
+        return None if session_id is None else self._session_replicas.get(session_id)
+
+    async def _send_group(self, group: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        """Send the first tries of ``group`` (requests for one replica) as one Serve call and
+        settle each request's future with its own output or error.
+
+        The call is routed by the group's first session; the router pins the others to the
+        replica it chooses (``session_ids``), so they stay together. A lone request takes
+        the plain ``generate`` call.
+        """
+        requests = [request for request, _ in group]
+        try:
+            if len(requests) == 1:
+                outcomes = [await self._await(self._send_one(requests[0]))]
+            else:
+                outcomes = await self._await(self._send_batch(requests))
+        except asyncio.CancelledError:
+            for _, future in group:
+                future.cancel()
+            raise
+        except Exception as exc:
+            outcomes = [_per_request(exc) for _ in requests]
+        for (_, future), outcome in zip(group, outcomes, strict=True):
+            if future.done():  # its caller gave up (cancelled)
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     def _data_handle(self) -> Any:
         """The handle ``generate`` calls go through: gRPC, routed on the calling loop.
@@ -275,3 +395,51 @@ class ServerClient:
                 died[0],
             )
         return answered
+
+
+class _Coalescer:
+    """Collects the generate requests of one event-loop tick and sends them per replica.
+
+    The first request of a tick schedules a flush at the end of the tick
+    (``loop.call_soon``), so a lone request waits for no timer; a group that reaches
+    ``max_batch`` goes at once. Requests are grouped by the replica that served their
+    session last (``ServerClient._replica_hint``). Requests of new sessions are split
+    into one group per replica the client has seen, so that the router spreads them
+    as it would spread single requests; before any reply named a replica they go one
+    by one.
+    """
+
+    def __init__(self, client: ServerClient, loop: asyncio.AbstractEventLoop, max_batch: int):
+        self.loop = loop
+        self._client = client
+        self._max_batch = max_batch
+        self._groups: dict[str | None, list[tuple[dict[str, Any], asyncio.Future]]] = {}
+        self._sending: set[asyncio.Task] = set()
+
+    def submit(self, request: dict[str, Any]) -> asyncio.Future[TokenOutput]:
+        """Queue ``request``; the future settles with its output or its own error."""
+        future = self.loop.create_future()
+        if not self._groups:
+            self.loop.call_soon(self._flush)
+        replica = self._client._replica_hint(request["session_id"])
+        group = self._groups.setdefault(replica, [])
+        group.append((request, future))
+        if replica is not None and len(group) >= self._max_batch:
+            self._send(self._groups.pop(replica))
+        return future
+
+    def _flush(self) -> None:
+        groups, self._groups = self._groups, {}
+        new = groups.pop(None, [])
+        for group in groups.values():
+            self._send(group)
+        ways = len(self._client._replicas_seen) or len(new)
+        for i in range(min(ways, len(new))):
+            share = new[i::ways]
+            for start in range(0, len(share), self._max_batch):
+                self._send(share[start : start + self._max_batch])
+
+    def _send(self, group: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        task = self.loop.create_task(self._client._send_group(group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)

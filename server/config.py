@@ -92,6 +92,15 @@ class ServerConfig(Section):
     max_retries: int = Field(
         3, ge=0, description="ServerClient retries of a request whose replica failed."
     )
+    coalesce: bool = Field(
+        False,
+        description="ServerClient sends the generate calls of one event-loop tick that go "
+        "to one replica as one Serve call (fanned out on the replica): fewer calls per turn. "
+        "A replica counts such a call as one request against `max_ongoing_requests`.",
+    )
+    coalesce_max_batch: int = Field(
+        64, ge=2, description="Most generate requests one coalesced Serve call carries."
+    )
     access_log: bool = Field(
         False,
         description="Ray Serve's access log of the rollout replicas: one line per request "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
@@ -65,6 +66,24 @@ class RolloutServer:
         out = await self._engine.generate(request_id or uuid.uuid4().hex, prompt_ids, sampling)
         out.replica_id = self._replica_id
         return out
+
+    async def generate_batch(
+        self,
+        requests: list[dict[str, Any]],
+        session_id: str | None = None,
+        session_ids: tuple[str, ...] = (),
+        avoid_actor_ids: frozenset[str] = frozenset(),
+    ) -> list[TokenOutput | Exception]:
+        """Generate for several requests at once (``ServerClient`` coalesces them), all
+        running concurrently on the engine; each gets its output or its own error.
+
+        ``requests`` hold ``generate``'s arguments. The router reads ``session_id`` (the
+        first session, which picks the replica), ``session_ids`` (the others, pinned to
+        the same replica) and ``avoid_actor_ids``.
+        """
+        return await asyncio.gather(
+            *(self.generate(**request) for request in requests), return_exceptions=True
+        )
 
     async def abort(self, request_id: str) -> TokenOutput | None:
         """Abort ``request_id`` if this replica runs it; returns its partial output."""

@@ -13,7 +13,7 @@ from agentrl.core.config import ModelConfig, RayConfig
 from agentrl.models import resolve_model_config
 from agentrl.server.client import ServerClient
 from agentrl.server.config import ServerConfig
-from agentrl.server.deployment import DEPLOYMENT_NAME, build_rollout_app
+from agentrl.server.deployment import build_rollout_app
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +109,7 @@ def start_rollout_servers(
     )
     app = build_rollout_app(model, server, actor_resources)
     run_application(app, server.name, route_prefix=None)
-    return ServerClient.connect(
-        server.name,
-        DEPLOYMENT_NAME,
-        max_retries=server.max_retries,
-        timeout_s=server.request_timeout_s,
-    )
+    return ServerClient.from_config(server)
 
 
 def stop_rollout_servers(server: ServerConfig) -> None:

@@ -57,6 +57,9 @@ class SessionAffinityRouter(RequestRouter):
         full = {rid for rid, r in by_id.items() if self._is_full(r)}
         session_id = _request_kwarg(pending_request, "session_id", None)
         chosen = self.policy.choose(session_id, list(by_id), avoid, full)
+        # A coalesced call (RolloutServer.generate_batch) carries the sessions of its
+        # other requests: they go where its first session goes.
+        self.policy.pin(_request_kwarg(pending_request, "session_ids", ()), chosen, by_id)
         if pending_request is not None:
             self.policy.on_routed(pending_request.metadata.internal_request_id, chosen)
             # Serve asks again at once otherwise, in a tight loop while the replica is busy.

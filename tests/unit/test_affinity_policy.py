@@ -184,3 +184,18 @@ def test_stats_of_several_routers_of_one_deployment_add_up():
     second.choose("t", REPLICAS)
     stats = affinity_stats()["two-routers"]
     assert (stats.new_sessions, stats.sticky_hits) == (2, 1)
+
+
+def test_pinned_sessions_follow_their_groups_replica_and_count_as_choose_would():
+    policy = SessionAffinityPolicy()
+    policy.pin(["a", "b"], "r0", REPLICAS)  # a coalesced call of two new sessions
+    assert (policy.replica_of("a"), policy.replica_of("b")) == ("r0", "r0")
+    assert policy.choose("a", REPLICAS) == "r0"  # the next turn sticks
+    policy.pin(["a"], "r0", REPLICAS)
+    policy.pin(["b"], "r1", REPLICAS)  # its group moved (r0 was full)
+    policy.pin(["a"], "r1", ["r1"])  # its group failed over (r0 is gone)
+    assert (policy.replica_of("a"), policy.replica_of("b")) == ("r1", "r1")
+    stats = policy.stats
+    assert (stats.new_sessions, stats.sticky_hits, stats.moves, stats.failovers) == (2, 2, 1, 1)
+    # Pinned sessions count toward placement: new ones go to the replica with fewer.
+    assert policy.choose("c", REPLICAS) == "r0"

@@ -161,3 +161,145 @@ async def test_weight_setup_and_broadcast_swaps_fail_on_any_dead_replica():
         await client.swap_weights("broadcast", {}, 3, skip_dead=False)
     assert [call[0] for call in client._handle.calls] == ["prepare_weights", "swap_weights"]
     assert client._handle.calls[1][1] == ("broadcast", {}, 3, "keep")
+
+
+# -- coalescing (ServerClient(coalesce_max_batch=...)) ------------------------------------
+
+
+class _Replicas:
+    """Stands in for the rollout handle with coalescing: ``generate`` and
+    ``generate_batch`` answer from ``answer(request) -> output or error``, served by
+    ``replica``; ``batch_failures`` fail whole batch calls first (a replica dying)."""
+
+    def __init__(self, answer=None, batch_failures: list[BaseException] | None = None):
+        self.answer = answer or (lambda request: _out())
+        self.batch_failures = batch_failures or []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.replica = "A"
+        self.generate = _Remote(self, "generate")
+        self.generate_batch = _Remote(self, "generate_batch")
+
+    def serve(self, request: dict[str, Any]) -> Any:
+        outcome = self.answer(request)
+        if isinstance(outcome, TokenOutput):
+            outcome.replica_id = self.replica
+        return outcome
+
+
+class _Remote:
+    def __init__(self, replicas: _Replicas, name: str) -> None:
+        self.replicas, self.name = replicas, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        replicas = self.replicas
+        replicas.calls.append((self.name, {"args": args, **kwargs}))
+
+        async def respond() -> Any:
+            await asyncio.sleep(0)
+            if self.name == "generate":
+                outcome = replicas.serve(kwargs)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
+            if replicas.batch_failures:
+                raise replicas.batch_failures.pop(0)
+            return [replicas.serve(request) for request in args[0]]
+
+        return respond()
+
+
+def _coalescing(replicas: _Replicas, max_batch: int = 64) -> ServerClient:
+    return ServerClient(replicas, deployment_name="d", coalesce_max_batch=max_batch)
+
+
+async def _turn(client: ServerClient, sessions: list[str]) -> list[TokenOutput]:
+    return await asyncio.gather(*(client.generate(s, [len(s)]) for s in sessions))
+
+
+async def test_new_sessions_go_one_by_one_until_a_reply_names_a_replica():
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    await _turn(client, ["s0", "s1", "s2"])
+    assert [name for name, _ in replicas.calls] == ["generate"] * 3
+
+
+async def test_one_ticks_turns_for_one_replica_travel_as_one_call_routed_by_a_session():
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    await _turn(client, ["s0", "s1", "s2"])
+    replicas.calls.clear()
+    outs = await _turn(client, ["s0", "s1", "s2", "new"])
+    assert [o.replica_id for o in outs] == ["A"] * 4
+    (pinned, fresh) = replicas.calls
+    assert pinned[0] == "generate_batch" and pinned[1]["session_id"] == "s0"
+    assert pinned[1]["session_ids"] == ("s1", "s2")
+    assert [r["prompt_ids"] for r in pinned[1]["args"][0]] == [[2], [2], [2]]
+    # A new session alone in its group takes the plain call (one replica seen: one group).
+    assert fresh[0] == "generate" and fresh[1]["session_id"] == "new"
+
+
+async def test_groups_are_cut_at_max_batch():
+    replicas = _Replicas()
+    client = _coalescing(replicas, max_batch=2)
+    sessions = [f"s{i}" for i in range(5)]
+    await _turn(client, sessions)
+    replicas.calls.clear()
+    await _turn(client, sessions)
+    sizes = [len(c["args"][0]) if n == "generate_batch" else 1 for n, c in replicas.calls]
+    assert sizes == [2, 2, 1]
+
+
+async def test_a_bad_request_fails_alone_and_its_neighbours_get_their_outputs():
+    def answer(request: dict[str, Any]) -> Any:
+        return RolloutError("prompt too long") if request["session_id"] == "bad" else _out()
+
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    await _turn(client, ["ok0", "bad", "ok1"])  # learn where the sessions are
+    replicas.answer = answer
+    outs = await asyncio.gather(
+        *(client.generate(s, [1]) for s in ["ok0", "bad", "ok1"]), return_exceptions=True
+    )
+    assert isinstance(outs[1], RolloutError) and "prompt too long" in str(outs[1])
+    assert [o.token_ids for o in (outs[0], outs[2])] == [[1, 2], [1, 2]]
+    assert replicas.calls[-1][0] == "generate_batch"  # they did travel together
+
+
+async def test_a_replica_dying_under_a_batch_retries_each_request_elsewhere_exactly_once():
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    sessions = ["s0", "s1", "s2"]
+    await _turn(client, sessions)
+    replicas.calls.clear()
+    replicas.batch_failures = [RayActorError(actor_id=DEAD)]
+    replicas.replica = "B"
+    outs = await _turn(client, sessions)
+    assert [o.replica_id for o in outs] == ["B"] * 3
+    batch, *retries = replicas.calls
+    assert batch[0] == "generate_batch"
+    assert sorted(c["session_id"] for _, c in retries) == sessions
+    assert all(n == "generate" and c["avoid_actor_ids"] == {DEAD} for n, c in retries)
+    assert (
+        len({c["request_id"] for _, c in retries} | {r["request_id"] for r in batch[1]["args"][0]})
+        == 3
+    )
+    assert client.replica_failures == 3
+    # The sessions now follow the replica that served their retry.
+    replicas.calls.clear()
+    await _turn(client, sessions)
+    assert [n for n, _ in replicas.calls] == ["generate_batch"]
+
+
+async def test_a_batch_that_times_out_fails_each_request_with_a_timeout():
+    replicas = _Replicas()
+    client = ServerClient(replicas, deployment_name="d", timeout_s=0.05, coalesce_max_batch=8)
+    await _turn(client, ["s0", "s1"])
+
+    async def hang(*_: Any) -> Any:
+        await asyncio.sleep(60)
+
+    replicas.generate_batch.remote = lambda *a, **k: hang()
+    outs = await asyncio.gather(
+        *(client.generate(s, [1]) for s in ["s0", "s1"]), return_exceptions=True
+    )
+    assert all(isinstance(o, TimeoutError) for o in outs)
