@@ -60,15 +60,8 @@ class AgentLoopWorker:
 
     def _connect(self) -> GenerateClient:
         from agentrl.server.client import ServerClient
-        from agentrl.server.deployment import DEPLOYMENT_NAME
 
-        server = self.config.server
-        return ServerClient.connect(
-            server.name,
-            DEPLOYMENT_NAME,
-            max_retries=server.max_retries,
-            timeout_s=server.request_timeout_s,
-        )
+        return ServerClient.from_config(self.config.server)
 
     def _load_tools(self) -> dict[str, BaseTool]:
         path = self.config.rollout.tool_config_path
