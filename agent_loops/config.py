@@ -94,4 +94,19 @@ class RolloutConfig(Section):
         900.0, gt=0, description="Time limit of one episode; a timed-out episode fails."
     )
     worker_num_cpus: float = Field(0.0, ge=0, description="Ray CPUs per agent-loop worker.")
+    worker_death_retries: int = Field(
+        1,
+        ge=0,
+        description="Times an episode whose agent-loop worker died under it runs again (on "
+        "another live worker or the restarted one) before it counts as failed. Nothing of it "
+        "left the dead worker, so a rerun trains nothing twice; its tool calls do run again, "
+        "so set 0 for tools whose side effects must not repeat.",
+    )
+    worker_restart_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a dead agent-loop worker may take to come back (Ray restarts it "
+        "up to 3 times); later episodes go to the live workers meanwhile, or wait. A worker "
+        "not back in time is given up; with none left, episodes raise NoLiveWorker.",
+    )
     external: ExternalAgentConfig = Field(default_factory=ExternalAgentConfig)

@@ -64,6 +64,7 @@ COMPONENT_FAULTS = {
 LEDGER_COLUMNS = (
     "episodes_trained",
     "episodes_failed",
+    "episodes_retried",
     "episodes_dropped_stale",
     "rows_lost",
     "rows_duplicated",
@@ -142,7 +143,7 @@ def main() -> None:
 
     table = Table(title="Fault injection (async run: η = 1, vLLM-CPU, 2 FSDP ranks)")
     columns = ("fault", "survived", "outcome", "s to recover/stop", "trained", "failed")
-    for col in (*columns, "stale", "lost", "dup"):
+    for col in (*columns, "retried", "stale", "lost", "dup"):
         table.add_column(col, justify="left" if col in ("fault", "outcome") else "right")
     for f in faults:
         outcome = f["level"]

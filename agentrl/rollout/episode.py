@@ -33,6 +33,7 @@ class EpisodeResult:
     ``external``: a gateway session of a free-running client (``episode_from_session``),
     not started by the rollout producer: it has no dataset row (``row_index`` -1), its
     outputs carry their reward, and it took no slot of the staleness rule.
+    ``retries``: times it ran again because its agent-loop worker died under it.
     """
 
     episode_id: str
@@ -44,6 +45,7 @@ class EpisodeResult:
     error: str | None = None
     latency_s: float = 0.0
     external: bool = False
+    retries: int = 0
 
     @property
     def ok(self) -> bool:

@@ -4,6 +4,12 @@ Episodes are spread over ``rollout.num_workers`` ``AgentLoopWorker`` actors (eac
 to ``rollout.max_concurrent_loops`` loops on one event loop) and come back as they
 finish (``stream``) or all at once (``generate``). A failing episode is a result with an
 ``error``; it never takes the batch down.
+
+A worker whose process dies is restarted by Ray (up to 3 times). Its in-flight episodes
+run again on a live worker, up to ``rollout.worker_death_retries`` times, then count as
+failed; episodes started meanwhile go to the other workers or wait for the restart
+(``WorkerPool``), so none fails only because it was sent during the restart. With no
+worker left, ``run`` raises ``NoLiveWorker``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from agentrl.core.types import SamplingParams
 from agentrl.plugins import import_plugins
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.rollout.worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -34,27 +41,27 @@ _WORKER_RESTARTS = 3
 class AgentLoopManager:
     """Owns the worker actors; hands them episodes round-robin."""
 
-    def __init__(self, config: AgentRLConfig) -> None:
+    def __init__(self, config: AgentRLConfig, worker_cls: type = AgentLoopWorker) -> None:
+        """``worker_cls``: the actor class, built from the config as a dict (tests pass a
+        stand-in with the same ``run_episode`` and ``ping``)."""
         self.config = config
         rollout = config.rollout
         # The plugins are imported here first, so that one that fails names its cause in
         # the driver; the workers get them as resolved (file paths made absolute).
         worker_config = config.model_dump()
         worker_config["plugins"] = import_plugins(config.plugins)
-        actor_cls = ray.remote(AgentLoopWorker)
-        self._workers = [
+        actor_cls = ray.remote(worker_cls)
+        workers = [
             actor_cls.options(
                 num_cpus=rollout.worker_num_cpus,
                 # Concurrency is bounded inside the worker; leave room for control calls.
                 max_concurrency=rollout.max_concurrent_loops + 16,
                 runtime_env={"env_vars": _WORKER_ENV},
-                # A worker that dies is restarted; its in-flight episodes come back as
-                # failed (the trainers record them), later ones run on the new process.
                 max_restarts=_WORKER_RESTARTS,
             ).remote(worker_config)
             for _ in range(rollout.num_workers)
         ]
-        self._next_worker = 0
+        self._pool = WorkerPool(workers, rollout.worker_restart_timeout_s)
 
     def default_sampling(self) -> SamplingParams:
         """Sampling from the rollout config (max_tokens = the response budget)."""
@@ -67,26 +74,41 @@ class AgentLoopManager:
             seed=rollout.seed,
         )
 
-    def submit(self, request: EpisodeRequest) -> ray.ObjectRef:
-        """Start one episode on the next worker; returns its result ref."""
-        worker = self._workers[self._next_worker % len(self._workers)]
-        self._next_worker += 1
-        return worker.run_episode.remote(request)
-
     async def run(self, request: EpisodeRequest) -> EpisodeResult:
-        """Run one episode; a worker that died under it makes it a failed episode."""
-        try:
-            return await self.submit(request)
-        except ray.exceptions.RayError as error:
-            logger.warning("episode %s lost its agent-loop worker: %s", request.episode_id, error)
-            return EpisodeResult(
-                request.episode_id,
-                request.group_id,
-                request.row_index,
-                request.sample_index,
-                request.row.get("agent_name") or self.config.rollout.agent_name,
-                error=f"agent-loop worker failed: {type(error).__name__}: {error}",
-            )
+        """Run one episode on a live worker. One whose worker died under it runs again
+        (``result.retries``), up to ``rollout.worker_death_retries`` times, then is a
+        failed episode. Raises ``NoLiveWorker`` when no worker is left to run it."""
+        retries = 0
+        while True:
+            index, worker = await self._pool.acquire()
+            try:
+                result: EpisodeResult = await worker.run_episode.remote(request)
+            except ray.exceptions.RayActorError as error:
+                self._pool.died(index)
+                if retries == self.config.rollout.worker_death_retries:
+                    return self._failed(request, "its agent-loop worker died", error)
+                retries += 1
+                logger.warning(
+                    "episode %s: its agent-loop worker died (%s); running it again",
+                    request.episode_id,
+                    type(error).__name__,
+                )
+            except ray.exceptions.RayError as error:
+                return self._failed(request, "agent-loop worker failed", error)
+            else:
+                result.retries = retries
+                return result
+
+    def _failed(self, request: EpisodeRequest, what: str, error: Exception) -> EpisodeResult:
+        logger.warning("episode %s failed: %s: %s", request.episode_id, what, error)
+        return EpisodeResult(
+            request.episode_id,
+            request.group_id,
+            request.row_index,
+            request.sample_index,
+            request.row.get("agent_name") or self.config.rollout.agent_name,
+            error=f"{what}: {type(error).__name__}: {error}",
+        )
 
     async def stream(
         self,
@@ -121,14 +143,19 @@ class AgentLoopManager:
         results = [r async for r in self.stream(rows, n, sampling)]
         return sorted(results, key=lambda r: (r.row_index, r.sample_index))
 
+    @property
+    def workers(self) -> list[ray.actor.ActorHandle]:
+        """The worker actors (live, restarting or lost)."""
+        return self._pool.actors
+
     async def event_loop_names(self) -> list[str]:
-        return await asyncio.gather(*(_await(w.event_loop_name.remote()) for w in self._workers))
+        return await asyncio.gather(*(_await(w.event_loop_name.remote()) for w in self.workers))
 
     def shutdown(self) -> None:
         """Kill the worker actors."""
-        for worker in self._workers:
+        for worker in self.workers:
             ray.kill(worker)
-        self._workers.clear()
+        self.workers.clear()
 
 
 async def _await(ref: ray.ObjectRef) -> Any:

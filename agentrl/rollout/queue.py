@@ -209,6 +209,8 @@ class TrajectoryQueue:
         self._counts["episodes_in"] += 1
         if not episode.ok:
             self._counts["failed_episodes"] += 1
+        if episode.retries:
+            self._counts["retried_episodes"] += 1
         group = self._open.setdefault(episode.group_id, [])
         group.append(episode)
         if len(group) == self.group_size:

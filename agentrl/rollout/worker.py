@@ -109,6 +109,9 @@ class AgentLoopWorker:
             session_id=session_id,
         )
 
+    async def ping(self) -> None:
+        """Answers once the worker runs (how the manager sees that Ray restarted it)."""
+
     async def event_loop_name(self) -> str:
         """The event loop implementation running this worker (uvloop under Ray)."""
         return type(asyncio.get_running_loop()).__module__

@@ -14,8 +14,9 @@ their ``x-group-id`` and rewarded by their client (see ``TrajectoryQueue``). Wit
 gateway sessions.
 
 Faults: the producer and every episode task are supervised. An episode whose agent-loop
-worker died is a failed episode (counted, its slot returned); any other producer error
-stops ``fit`` at once with that error; a batch that can never form, or does not form
+worker died runs again, then is a failed episode (counted, its slot returned; see
+``AgentLoopManager``); any other producer error, ``NoLiveWorker`` included, stops ``fit``
+at once with that error; a batch that can never form, or does not form
 within ``trainer.batch_timeout_s``, stops it with what the queue holds. A resumed run
 pushes the restored weights before the producer starts and replays the rows that were
 started but not trained (``RowFeed``), so no row is skipped or trained twice.

@@ -21,6 +21,7 @@ class Ledger:
     steps: int = 0
     episodes_trained: int = 0
     episodes_failed: int = 0
+    episodes_retried: int = 0
     episodes_dropped_stale: int = 0
     rows_lost: int = 0
     rows_duplicated: int = 0
@@ -32,6 +33,7 @@ class Ledger:
         if history:
             last = history[-1]
             self.episodes_failed += int(last.get("async/failed_episodes", 0))
+            self.episodes_retried += int(last.get("async/retried_episodes", 0))
             self.episodes_dropped_stale += int(last.get("async/dropped_stale", 0))
 
     def count_rows(self, trainer: AsyncTrainer, resumed_from: dict | None = None) -> None:

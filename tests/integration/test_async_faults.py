@@ -127,7 +127,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     assert not set(first._feed.done_indices) & set(second._feed.done_indices)
 
 
-async def test_a_killed_agent_loop_worker_fails_its_episodes_and_the_run_completes(
+async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_completes(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
     ledger = Ledger("agent-loop worker killed mid-step")
@@ -148,8 +148,13 @@ async def test_a_killed_agent_loop_worker_fails_its_episodes_and_the_run_complet
         trainer.shutdown()
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
-    assert ledger.episodes_failed >= 1, "the in-flight episodes were recorded as failed"
+    # The episodes the worker was running ran again on the restarted worker
+    # (rollout.worker_death_retries=1); those started while Ray restarted it waited for
+    # it. At most (η + 1) batches run at once: more reruns than that would mean episodes
+    # sent during the restart failed (112 failed for ~32 in flight before they waited).
     batch = cfg.data.train_batch_size * cfg.rollout.n
+    assert ledger.episodes_failed == 0, ledger
+    assert 1 <= ledger.episodes_retried <= (cfg.trainer.max_staleness + 1) * batch, ledger
     assert [h["trainer/episodes"] for h in history] == [batch] * steps
 
 

@@ -107,6 +107,18 @@ async def test_failed_episodes_complete_a_group_but_an_all_failed_group_is_dropp
     assert batch.metrics["async/failed_episodes"] == 3
 
 
+async def test_episodes_that_ran_again_after_their_worker_died_are_counted():
+    q = _queue(batch_groups=1)
+    await q.reserve(1)
+    rerun = _episode("g", 0)
+    rerun.retries = 1
+    await q.put(rerun)
+    await q.put(_episode("g", 1))
+    batch = await q.get_batch()
+    assert len(batch.episodes) == 2
+    assert batch.metrics["async/retried_episodes"] == 1
+
+
 async def test_close_releases_a_waiting_trainer():
     q = _queue()
     getter = asyncio.create_task(q.get_batch())
