@@ -35,6 +35,8 @@ per module. See ``StagedWeights``.
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
 import itertools
 import logging
 import threading
@@ -390,6 +392,8 @@ class StagedWeights:
                 self._staged = set()
                 self._count = 0
             return
+        finally:
+            release_free_memory()
         with self._lock:
             self._staged |= modules
             self._count += count
@@ -449,6 +453,27 @@ class StagedWeights:
         if derived != known:
             logger.info("staged swap exchanges these module attributes too: %s", sorted(derived))
         return reloaded, count
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the pages the C allocator holds free back to the OS (glibc's ``malloc_trim``).
+
+    A staged load allocates and frees about a model's worth of layer tensors in a thread
+    of its own, a new thread every push. glibc keeps what a thread freed in that thread's
+    arena for later mallocs, so each of the first pushes left another model's worth
+    resident: SmolLM2-135M's worker grew 2.3 → 3.8 GB over three pushes, then stayed.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class InPlaceReload:
