@@ -15,7 +15,12 @@ concurrency, episodes and turns, and the same arguments per call:
 - ``bare_actor``: ``await actor.generate.remote(...)`` on a plain Ray actor that wraps a
   ``NullEngine`` (the rate the machine's Ray can carry);
 - ``bare_handle``: ``await handle.generate.remote(...)`` on the deployment's handle;
-- ``bare_client``: ``await ServerClient.generate(...)`` (the handle plus agentrl's client).
+- ``bare_client``: ``await ServerClient.generate(...)`` (the handle plus agentrl's client);
+- ``bare_coalesced``: the same with request coalescing (``server.coalesce_max_batch``):
+  the calls of one event-loop tick for one replica travel as one Serve call.
+
+The agent-loop sides follow the config: with ``server.coalesce=true`` they coalesce their
+calls, and the same sides without it run too (``agentrl_1w_uncoalesced``, ...).
 
 Each side runs ``--repeats`` times (the sides interleaved); the median wall-clock time
 gives turns/s (turns = generate calls). Every measurement checks the work it did:
@@ -26,7 +31,10 @@ episodes, turns and model tokens, and the replicas' request counters.
 Prints a table and writes ``bench/results/rollout_transport.json``: ``ratio_single`` and
 ``ratio_tool`` (agentrl with 1 worker ÷ ``bare_actor``), ``turns_per_s_single`` and
 ``turns_per_s_tool``, the same for 2 workers under ``workers2``, each baseline's turns/s
-under ``baselines``, the work per side under ``work``, and the ``commit``.
+under ``baselines``, the same without coalescing under ``uncoalesced`` (when run with
+``server.coalesce=true``), the work per side under ``work``, ``latency_ms`` (one session's
+turns one after another: what a lone request pays, with and without coalescing) and the
+``commit``.
 """
 
 from __future__ import annotations
@@ -66,7 +74,8 @@ WORKLOADS = {
     "single": (1, SamplingParams(max_tokens=SINGLE_TOKENS)),
     "tool": (TURNS, SamplingParams(max_tokens=512)),
 }
-BASELINES = ("bare_actor", "bare_handle", "bare_client")
+BASELINES = ("bare_actor", "bare_handle", "bare_client", "bare_coalesced")
+LATENCY_TURNS = 80  # the prompt grows by a turn each: 80 fit max_model_len
 TOOL_DELTA = 16
 """Token ids a bare episode appends per tool turn (about the rendered echo response)."""
 
@@ -75,11 +84,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Work:
-    """What one measurement did: episodes, generate calls and model tokens."""
+    """What one measurement did: episodes, generate calls and model tokens (and of the
+    calls, how many travelled in coalesced Serve calls, for ``bare_coalesced``)."""
 
     episodes: int
     turns: int
     tokens: int
+    coalesced: int = 0
 
 
 class NullActor:
@@ -104,7 +115,9 @@ class NullActor:
 class BareCaller:
     """Runs bare episodes (``turns`` sequential calls each, all episodes concurrent)."""
 
-    def __init__(self, actor: Any, app_name: str, deployment: str, max_retries: int) -> None:
+    def __init__(
+        self, actor: Any, app_name: str, deployment: str, max_retries: int, max_batch: int
+    ) -> None:
         from ray import serve
 
         from agentrl.server.client import ServerClient
@@ -114,6 +127,12 @@ class BareCaller:
         self._client = ServerClient(
             self._handle, deployment_name=deployment, max_retries=max_retries
         )
+        self._coalescing = ServerClient(
+            self._handle,
+            deployment_name=deployment,
+            max_retries=max_retries,
+            coalesce_max_batch=max_batch,
+        )
 
     async def run(
         self, side: str, episodes: int, turns: int, prompt: list[int], sampling: SamplingParams
@@ -122,7 +141,9 @@ class BareCaller:
             "bare_actor": self._actor_call,
             "bare_handle": self._handle_call,
             "bare_client": self._client_call,
+            "bare_coalesced": self._coalesced_call,
         }[side]
+        coalesced = self._coalescing.coalesced_requests
         start = time.perf_counter()
         tokens = await asyncio.gather(
             *(
@@ -130,7 +151,9 @@ class BareCaller:
                 for _ in range(episodes)
             )
         )
-        return time.perf_counter() - start, Work(episodes, episodes * turns, sum(tokens))
+        elapsed = time.perf_counter() - start
+        coalesced = self._coalescing.coalesced_requests - coalesced
+        return elapsed, Work(episodes, episodes * turns, sum(tokens), coalesced)
 
     async def _episode(self, call, session: str, turns: int, prompt, sampling) -> int:
         ids, tokens = list(prompt), 0
@@ -156,6 +179,9 @@ class BareCaller:
 
     async def _client_call(self, session, ids, sampling) -> TokenOutput:
         return await self._client.generate(session, ids, sampling)
+
+    async def _coalesced_call(self, session, ids, sampling) -> TokenOutput:
+        return await self._coalescing.generate(session, ids, sampling)
 
 
 def _config(model_path: str, call_ids: list[int], episodes: int, replicas: int, overrides):
@@ -238,13 +264,25 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     caller = (
         ray.remote(BareCaller)
         .options(num_cpus=0, max_concurrency=16)
-        .remote(actor, base.server.name, DEPLOYMENT_NAME, base.server.max_retries)
+        .remote(
+            actor,
+            base.server.name,
+            DEPLOYMENT_NAME,
+            base.server.max_retries,
+            base.server.coalesce_max_batch,
+        )
+    )
+    # With server.coalesce the same run also measures the agent loops without it.
+    variants = {"": base.server.coalesce} | (
+        {"_uncoalesced": False} if base.server.coalesce else {}
     )
     managers = {}
-    for workers in (1, 2):
-        cfg = base.model_copy(deep=True)
-        cfg.rollout.num_workers = workers
-        managers[f"agentrl_{workers}w"] = AgentLoopManager(cfg)
+    for suffix, coalesce in variants.items():
+        for workers in (1, 2):
+            cfg = base.model_copy(deep=True)
+            cfg.rollout.num_workers = workers
+            cfg.server.coalesce = coalesce
+            managers[f"agentrl_{workers}w{suffix}"] = AgentLoopManager(cfg)
     ctx = {
         "episodes": args.episodes,
         "client": client,
@@ -267,13 +305,27 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 times[side][workload].append(elapsed)
                 work[side][workload] = done
                 logger.info("%s %s: %.0f turns/s", side, workload, done.turns / elapsed)
+    # The latency a lone request pays: one session's turns one after another.
+    latency_ms = {}
+    for side in ("bare_client", "bare_coalesced"):
+        elapsed, _ = await ctx["caller"].run.remote(
+            side, 1, LATENCY_TURNS, prompt_ids, WORKLOADS["single"][1]
+        )
+        latency_ms[side] = 1000 * elapsed / LATENCY_TURNS
     for manager in managers.values():
         manager.shutdown()
     ray.shutdown()
     rates = {
         s: {w: work[s][w].turns / statistics.median(times[s][w]) for w in WORKLOADS} for s in sides
     }
-    return {"times": times, "work": work, "rates": rates, "call_tokens": len(call_ids)}
+    return {
+        "times": times,
+        "work": work,
+        "rates": rates,
+        "latency_ms": latency_ms,
+        "coalesce": base.server.coalesce,
+        "call_tokens": len(call_ids),
+    }
 
 
 def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
@@ -295,10 +347,22 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         "replicas": args.replicas,
         "overrides": args.overrides,
         "tool_call_tokens": run["call_tokens"],
+        "coalesce": run["coalesce"],
         **summary("agentrl_1w"),
         "workers2": summary("agentrl_2w"),
+        **(
+            {
+                "uncoalesced": {
+                    **summary("agentrl_1w_uncoalesced"),
+                    "workers2": summary("agentrl_2w_uncoalesced"),
+                }
+            }
+            if "agentrl_1w_uncoalesced" in rates
+            else {}
+        ),
         "baselines": {s: {w: rates[s][w] for w in WORKLOADS} for s in BASELINES},
         "work": {s: {w: vars(x) for w, x in ws.items()} for s, ws in run["work"].items()},
+        "latency_ms": run["latency_ms"],
         "seconds": run["times"],
     }
 
