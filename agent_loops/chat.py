@@ -143,8 +143,22 @@ class ChatRenderer:
             first = len(rendered)
         report = DriftReport(first is not None, first, len(accumulated_ids), len(rendered))
         if first is not None:
-            logger.warning("%s", describe_drift(self.tokenizer, accumulated_ids, rendered, first))
+            _log_drift(describe_drift(self.tokenizer, accumulated_ids, rendered, first))
         return report
+
+
+_drift_warned = False
+
+
+def _log_drift(line: str) -> None:
+    """The first drift of this process is a console warning; later ones go to DEBUG (the
+    log files), since the ``tokenization_drift`` metric already counts every one."""
+    global _drift_warned
+    if _drift_warned:
+        logger.debug("%s", line)
+        return
+    _drift_warned = True
+    logger.warning("%s (further drift is logged at DEBUG and counted in tokenization_drift)", line)
 
 
 def describe_drift(

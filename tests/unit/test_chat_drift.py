@@ -7,6 +7,7 @@ import logging
 import pytest
 from transformers import AutoTokenizer
 
+from agentrl.agent_loops import chat as chat_module
 from agentrl.agent_loops.chat import ChatRenderer, describe_drift
 
 
@@ -45,15 +46,33 @@ def test_drift_line_at_the_start_and_past_the_shorter_side(tokenizer):
     assert "rendered ids [67] = ['a']" in line
 
 
-async def test_check_drift_logs_the_token_by_token_difference(tokenizer, caplog):
-    renderer = ChatRenderer(tokenizer)
+def _drifting_conversation(renderer: ChatRenderer) -> tuple[list[dict], list[int]]:
+    """A conversation and ids that spell its render but split ``"\\n\\n"`` in two."""
     messages = [{"role": "user", "content": "say a\n\nb"}]
     rendered = renderer.encode_messages(messages, add_generation_prompt=False)
-    text = tokenizer.decode(rendered)
+    text = renderer.tokenizer.decode(rendered)
     cut = text.index("\n\nb") + 1
-    accumulated = renderer.encode_text(text[:cut]) + renderer.encode_text(text[cut:])
-    with caplog.at_level(logging.WARNING, logger="agentrl.agent_loops.chat"):
+    return messages, renderer.encode_text(text[:cut]) + renderer.encode_text(text[cut:])
+
+
+async def test_check_drift_logs_the_token_by_token_difference(tokenizer, caplog):
+    renderer = ChatRenderer(tokenizer)
+    messages, accumulated = _drifting_conversation(renderer)
+    with caplog.at_level(logging.DEBUG, logger="agentrl.agent_loops.chat"):
         report = await renderer.check_drift(messages, accumulated)
     assert report.drifted
     assert f"tokenization drift at token {report.first_difference} " in caplog.text
     assert "'\\n\\n'" in caplog.text and "'\\n', '\\n'" in caplog.text
+
+
+async def test_only_the_first_drift_of_a_process_reaches_the_console(
+    tokenizer, caplog, monkeypatch
+):
+    monkeypatch.setattr(chat_module, "_drift_warned", False)
+    renderer = ChatRenderer(tokenizer)
+    messages, accumulated = _drifting_conversation(renderer)
+    with caplog.at_level(logging.DEBUG, logger="agentrl.agent_loops.chat"):
+        for _ in range(3):
+            assert (await renderer.check_drift(messages, accumulated)).drifted
+    levels = [r.levelno for r in caplog.records if "tokenization drift" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -253,7 +254,8 @@ NOT_APPEND_ONLY_TEMPLATE = (
 async def test_drift_check_flags_templates_that_are_not_append_only(tokenizer, caplog):
     turns = ["<think>hmm</think>" + _call("add", {"a": 1, "b": 2}), "three"]
     loop = _loop(tokenizer, turns, template=NOT_APPEND_ONLY_TEMPLATE)
-    out = await loop.run(SAMPLE, SAMPLING)
+    with caplog.at_level(logging.DEBUG, logger="agentrl.agent_loops.chat"):
+        out = await loop.run(SAMPLE, SAMPLING)
     assert out.metrics["tokenization_drift"] == 1
     assert "tokenization drift at token" in caplog.text
     # The trajectory itself still holds exactly what the model produced.
