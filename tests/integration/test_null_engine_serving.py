@@ -13,7 +13,9 @@ import pytest
 import ray
 import torch
 
-from agentrl.core.types import SamplingParams
+from agentrl.core.types import RolloutError, SamplingParams
+from agentrl.server.client import ServerClient
+from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.null_engine import NULL_LOGPROB
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 
@@ -31,6 +33,12 @@ async def client(tiny_checkpoint):
     )
     with rollout_servers(cfg) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+async def coalescing(client):
+    """A second client of the same replicas that coalesces its generate calls."""
+    return ServerClient.connect("rollout", DEPLOYMENT_NAME, coalesce_max_batch=16)
 
 
 async def test_null_replicas_answer_with_fixed_tokens_and_keep_sessions(client):
@@ -107,6 +115,85 @@ def _replica_pid(replica_id: str) -> int:
 
 async def _replica_ids(client) -> set[str]:
     return {s["replica_id"] for s in await client.stats()}
+
+
+async def _served(client) -> dict[str, int]:
+    return {s["replica_id"]: s["requests"] for s in await client.stats()}
+
+
+async def test_coalesced_turns_keep_sessions_on_their_replicas_with_the_same_outputs(
+    client, coalescing
+):
+    paths: dict[str, list[str]] = {f"co-{i}": [] for i in range(24)}
+    prompts = {session: [1, 2, 3] for session in paths}
+    before = sum((await _served(client)).values())
+    for _ in range(5):  # the sessions' turns in step: each turn's calls leave in one tick
+        outs = await asyncio.gather(
+            *(coalescing.generate(s, prompts[s], SamplingParams(max_tokens=3)) for s in paths)
+        )
+        for session, out in zip(paths, outs, strict=True):
+            assert out.token_ids == TOKENS[:3] and out.logprobs == [NULL_LOGPROB] * 3
+            assert out.token_versions == [out.weight_version] * 3
+            paths[session].append(out.replica_id)
+            prompts[session] += out.token_ids
+    assert sum((await _served(client)).values()) - before == 24 * 5  # each turn once
+    assert all(len(set(path)) == 1 for path in paths.values()), paths
+    assert len({path[0] for path in paths.values()}) == 2
+    # Turns 2-5 travelled with the other sessions of their replica (turn 1 went one by one).
+    assert coalescing.coalesced_requests == 24 * 4
+    # New sessions, once the client knows both replicas, are still spread over both.
+    outs = await asyncio.gather(
+        *(coalescing.generate(f"co-new-{i}", [1], SamplingParams()) for i in range(24))
+    )
+    assert coalescing.coalesced_requests == 24 * 5
+    assert len({o.replica_id for o in outs}) == 2
+
+
+async def test_a_bad_request_in_a_coalesced_call_fails_alone(coalescing):
+    sessions = [f"bad-{i}" for i in range(6)]
+    await asyncio.gather(*(coalescing.generate(s, [1], SamplingParams()) for s in sessions))
+    before = coalescing.coalesced_requests
+    outs = await asyncio.gather(
+        *(
+            coalescing.generate(s, [] if s == "bad-1" else [1, 2], SamplingParams())
+            for s in sessions
+        ),
+        return_exceptions=True,
+    )
+    assert isinstance(outs[1], RolloutError) and "prompt_ids is empty" in str(outs[1])
+    assert all(o.token_ids == TOKENS for i, o in enumerate(outs) if i != 1)
+    assert coalescing.coalesced_requests - before == len(sessions)
+
+
+async def test_a_replica_killed_under_a_coalesced_call_loses_and_repeats_no_request(
+    client, coalescing
+):
+    sessions = [f"kill-{i}" for i in range(16)]
+    first = await asyncio.gather(*(coalescing.generate(s, [1], SamplingParams()) for s in sessions))
+    victim = first[0].replica_id
+    on_victim = [s for s, out in zip(sessions, first, strict=True) if out.replica_id == victim]
+    (survivor,) = await _replica_ids(client) - {victim}
+    pid = _replica_pid(victim)
+    await client.pause("keep")  # the victim holds the coalesced call until it dies
+    served = await _served(client)
+    failures, coalesced = coalescing.replica_failures, coalescing.coalesced_requests
+    turn = [
+        asyncio.create_task(coalescing.generate(s, [1, 2], SamplingParams())) for s in on_victim
+    ]
+    await asyncio.sleep(0.5)
+    assert not any(t.done() for t in turn)
+    assert coalescing.coalesced_requests - coalesced == len(on_victim)
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(2.0)  # the retries reach the paused survivor and wait there
+    await client.resume()
+    outs = await asyncio.wait_for(asyncio.gather(*turn), 60)
+    assert [o.replica_id for o in outs] == [survivor] * len(on_victim)
+    assert all(o.token_ids == TOKENS for o in outs)
+    assert coalescing.replica_failures - failures == len(on_victim)  # each failed once
+    assert (await _served(client))[survivor] - served[survivor] == len(on_victim)
+    async with asyncio.timeout(60):  # Serve restarts the victim (the next test needs two)
+        while len(await _replica_ids(client) - {victim}) < 2:
+            await asyncio.sleep(0.2)
 
 
 # Runs last: the replica it kills comes back under a new id.
