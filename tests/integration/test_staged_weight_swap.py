@@ -240,4 +240,4 @@ async def test_staged_pushes_leave_no_copy_of_the_weights_resident(tmp_path_fact
         await engine.shutdown()
     # From the first push on (the shadow is built by then) the worker stays the same size.
     growth = max(rss) - rss[0]
-    assert growth < 0.25 * weight_bytes, (rss, weight_bytes)
+    assert growth < 0.5 * weight_bytes, (rss, weight_bytes)
