@@ -96,3 +96,9 @@ class GatewayConfig(Section):
         1024, ge=1, description="Ray Serve max in-flight HTTP requests of the gateway replica."
     )
     num_cpus: float = Field(0.0, ge=0, description="Ray CPUs reserved for the gateway replica.")
+    access_log: bool = Field(
+        False,
+        description="Ray Serve's access log of the gateway replica: one line per HTTP request "
+        "(`POST /v1/chat/completions 200 60ms`), to the console and the Serve log files. Off "
+        "by default: an agent framework sends thousands of requests per run.",
+    )

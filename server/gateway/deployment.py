@@ -9,6 +9,7 @@ import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
+from ray.serve.schema import LoggingConfig
 from transformers import AutoTokenizer
 
 from agentrl.core.config import ModelConfig
@@ -113,6 +114,7 @@ def build_gateway_app(
         max_ongoing_requests=gateway.max_ongoing_requests,
         ray_actor_options={"num_cpus": gateway.num_cpus, "runtime_env": plugin_runtime_env()},
         graceful_shutdown_timeout_s=5,
+        logging_config=LoggingConfig(enable_access_log=gateway.access_log),
     )
     return deployment.bind(gateway.model_dump(), model.model_dump(), server.model_dump(), namespace)
 

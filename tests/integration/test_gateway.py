@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray import serve
@@ -56,7 +58,7 @@ def urls(cfg):
         common = {"served_model_name": MODEL, "default_max_tokens": 16}
         open_cfg = GatewayConfig(app_name="gw-open", route_prefix="/", **common)
         secure_cfg = GatewayConfig(
-            app_name="gw-secure", route_prefix="/secure", api_key=KEY, **common
+            app_name="gw-secure", route_prefix="/secure", api_key=KEY, access_log=True, **common
         )
         yield {
             "open": start_gateway(open_cfg, cfg.model, cfg.server),
@@ -72,6 +74,23 @@ def tokenizer(tiny_checkpoint):
 def _session(base_url: str, session_id: str) -> dict:
     root = base_url.removesuffix("/v1")
     return httpx.get(f"{root}/v1/sessions/{session_id}", timeout=30).json()
+
+
+def _gateway_log_text(app_name: str) -> str:
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    files = list(logs.glob(f"replica_{app_name}_{GATEWAY_DEPLOYMENT_NAME}_*.log"))
+    assert files, f"no log of {app_name}'s replica in {logs}"
+    return "".join(f.read_text() for f in files)
+
+
+def test_the_gateway_writes_an_access_log_only_when_asked(urls):
+    for name, key in (("open", "any"), ("secure", KEY)):
+        client = openai.OpenAI(base_url=urls[name], api_key=key)
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert "POST /v1/chat/completions" not in _gateway_log_text("gw-open")  # the default
+    assert "/v1/chat/completions 200" in _gateway_log_text("gw-secure")
 
 
 def test_sync_client_tool_conversation_is_engine_ids_plus_tool_deltas(urls, tokenizer):
