@@ -38,13 +38,17 @@ async def _run(trainer_cls, cfg):
 async def test_one_step_off_policy_run_learns_and_loses_no_episode(
     tiny_checkpoint, tmp_path_factory
 ):
+    """Also the mismatch probe: with the rollout's log-probs as behaviour policy nothing is
+    recomputed, so the probe scores fresh answers of the version just pushed (at η = 1 the
+    batches hold no token of the actor's version after step 1)."""
     tmp = tmp_path_factory.mktemp("eta1")
     steps = 12
+    probe = ["trainer.old_log_probs=rollout", "trainer.mismatch_probe_every=1"]
     cfg = toy_config(
         tiny_checkpoint,
         tmp,
         steps=steps,
-        extra=["trainer.max_staleness=1", MULTI_TURN, "rollout.max_response_length=32"],
+        extra=["trainer.max_staleness=1", MULTI_TURN, "rollout.max_response_length=32", *probe],
     )
     history, trainer = await _run(AsyncTrainer, cfg)
     assert len(history) == steps
@@ -63,6 +67,11 @@ async def test_one_step_off_policy_run_learns_and_loses_no_episode(
     assert max(h.get("async/staleness/max", 0) for h in history) <= 1
     assert any(h.get("async/staleness/max", 0) == 1 for h in history)
     assert all(h["rollout/num_turns/mean"] > 1 for h in history)
+    # The probe measured every step; the same weights on both sides (fp32) while the policy
+    # moves fast (lr 0.02), so a stale token would show up as a large KL. Its answers are
+    # never trained (the books above close on batches alone).
+    assert [h["mismatch/probe_tokens"] > 0 for h in history] == [True] * steps, history
+    assert max(h["mismatch/mismatch_kl"] for h in history) < 1e-3, history
 
 
 async def test_eta_zero_reproduces_the_synchronous_trainer(tiny_checkpoint, tmp_path_factory):
@@ -81,26 +90,3 @@ async def test_eta_zero_reproduces_the_synchronous_trainer(tiny_checkpoint, tmp_
         got = [h[key] for h in async_history]
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=key)
     assert all(h.get("async/staleness/max", 0) == 0 for h in async_history)
-
-
-async def test_the_mismatch_probe_measures_every_step_at_eta_one(tiny_checkpoint, tmp_path_factory):
-    """With the rollout's log-probs as behaviour policy nothing is recomputed; the probe
-    scores fresh answers of the version just pushed. At η = 1 the batches themselves hold
-    no token of the actor's version after step 1, so a probe of the batch went blind."""
-    steps = 3
-    probe = ["trainer.old_log_probs=rollout", "trainer.mismatch_probe_every=1"]
-    cfg = toy_config(
-        tiny_checkpoint,
-        tmp_path_factory.mktemp("probe"),
-        steps=steps,
-        extra=["trainer.max_staleness=1", "rollout.max_response_length=16", *probe],
-    )
-    history, trainer = await _run(AsyncTrainer, cfg)
-    assert [h["mismatch/probe_tokens"] > 0 for h in history] == [True] * steps, history
-    # The same weights on both sides (fp32): only the engines' numerics differ, while the
-    # policy moves fast (lr 0.02), so a stale token would show up as a large KL.
-    assert max(h["mismatch/mismatch_kl"] for h in history) < 1e-3, history
-    # The probe's answers are never trained: every step trains one batch of episodes.
-    batch_episodes = cfg.data.train_batch_size * cfg.rollout.n
-    assert [h["trainer/episodes"] for h in history] == [batch_episodes] * steps
-    assert len(trainer.trained_episodes) == steps * batch_episodes

