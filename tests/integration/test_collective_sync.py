@@ -11,7 +11,9 @@ import asyncio
 import time
 
 import pytest
+import ray
 import torch
+from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.core.config import WeightSyncConfig
@@ -23,6 +25,16 @@ from agentrl.trainer.group import ActorGroup
 from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync, make_weight_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """Leave no Ray running for the next module, which starts its own (a Ray was found
+    still up after this module once test_eval.py, which used to run in between, was gone)."""
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
