@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -89,8 +90,13 @@ def test_the_gateway_writes_an_access_log_only_when_asked(urls):
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
+    # The replica writes its access line after the response has gone out, so the client
+    # can get here first: wait for the secure app's line, then look at the open app's.
+    deadline = time.monotonic() + 30
+    while "/v1/chat/completions 200" not in _gateway_log_text("gw-secure"):
+        assert time.monotonic() < deadline, "no access log line from gw-secure in 30 s"
+        time.sleep(0.2)
     assert "POST /v1/chat/completions" not in _gateway_log_text("gw-open")  # the default
-    assert "/v1/chat/completions 200" in _gateway_log_text("gw-secure")
 
 
 def test_sync_client_tool_conversation_is_engine_ids_plus_tool_deltas(urls, tokenizer):
