@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import ray
@@ -97,6 +98,7 @@ class ServerClient:
         """Attempts that failed because their replica died (each was retried elsewhere)."""
         self.coalesced_requests = 0
         """Requests that travelled in a coalesced Serve call with others."""
+        self._aborting: set[asyncio.Task] = set()
 
     @classmethod
     def connect(
@@ -245,17 +247,25 @@ class ServerClient:
         the plain ``generate`` call.
         """
         requests = [request for request, _ in group]
+        in_flight = [True]  # read by the callbacks: a cancel after the call ended aborts nothing
+        if len(requests) > 1:
+            for request, future in group:
+                future.add_done_callback(
+                    partial(self._abort_if_cancelled, request["request_id"], in_flight)
+                )
         try:
             if len(requests) == 1:
                 outcomes = [await self._await(self._send_one(requests[0]))]
             else:
                 outcomes = await self._await(self._send_batch(requests))
         except asyncio.CancelledError:
+            in_flight[0] = False  # cancelling the call cancels it on the replica
             for _, future in group:
                 future.cancel()
             raise
         except Exception as exc:
             outcomes = [_per_request(exc) for _ in requests]
+        in_flight[0] = False
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if future.done():  # its caller gave up (cancelled)
                 continue
@@ -263,6 +273,17 @@ class ServerClient:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    def _abort_if_cancelled(
+        self, request_id: str, in_flight: list[bool], future: asyncio.Future
+    ) -> None:
+        """A caller gave up on one request of a coalesced call (e.g. its episode timed
+        out): the call runs on for the others, so stop that request's generation on the
+        replica, as cancelling a call of its own would."""
+        if future.cancelled() and in_flight[0]:
+            task = asyncio.get_running_loop().create_task(self.abort(request_id))
+            self._aborting.add(task)
+            task.add_done_callback(self._aborting.discard)
 
     def _data_handle(self) -> Any:
         """The handle ``generate`` calls go through: gRPC, routed on the calling loop.

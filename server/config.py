@@ -93,7 +93,7 @@ class ServerConfig(Section):
         3, ge=0, description="ServerClient retries of a request whose replica failed."
     )
     coalesce: bool = Field(
-        False,
+        True,
         description="ServerClient sends the generate calls of one event-loop tick that go "
         "to one replica as one Serve call (fanned out on the replica): fewer calls per turn. "
         "A replica counts such a call as one request against `max_ongoing_requests`.",

@@ -161,6 +161,29 @@ def _to_version(label: str) -> int:
         return INITIAL_WEIGHT_VERSION
 
 
+def engine_args(model: ModelConfig, engine: EngineConfig) -> AsyncEngineArgs:
+    """The ``AsyncLLM`` arguments of a replica (also used by benchmarks that drive a
+    bare ``AsyncLLM`` to compare against). On CPU, sets the environment it needs."""
+    if current_platform.is_cpu():
+        _set_cpu_env_defaults(engine)
+    return AsyncEngineArgs(
+        model=model.path,
+        tokenizer=model.tokenizer,
+        dtype=model.dtype,
+        trust_remote_code=model.trust_remote_code,
+        seed=engine.seed,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+        block_size=engine.block_size,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        enforce_eager=engine.enforce_eager,
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+
+
 class VLLMEngine(RolloutEngine):
     """vLLM v1 ``AsyncLLM`` in this process (engine core and workers in child processes).
 
@@ -172,29 +195,11 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model: ModelConfig, engine: EngineConfig) -> None:
         """Start the engine (blocks for the model load, ~25 s for a tiny model on CPU)."""
-        if current_platform.is_cpu():
-            _set_cpu_env_defaults(engine)
         self._model_cfg = model
         self._dtype: torch.dtype = getattr(torch, model.dtype)
         self._param_shapes = _hf_parameter_shapes(model)
-        args = AsyncEngineArgs(
-            model=model.path,
-            tokenizer=model.tokenizer,
-            dtype=model.dtype,
-            trust_remote_code=model.trust_remote_code,
-            seed=engine.seed,
-            max_model_len=engine.max_model_len,
-            max_num_seqs=engine.max_num_seqs,
-            tensor_parallel_size=engine.tensor_parallel_size,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
-            block_size=engine.block_size,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            enforce_eager=engine.enforce_eager,
-            worker_extension_cls=WORKER_EXTENSION,
-        )
         start = time.perf_counter()
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(engine_args(model, engine))
         model_config = self._llm.model_config
         self._max_model_len: int = model_config.max_model_len
         self._vocab_size: int = model_config.get_vocab_size()

@@ -2,8 +2,9 @@
 
 Episodes are spread over ``rollout.num_workers`` ``AgentLoopWorker`` actors (each runs up
 to ``rollout.max_concurrent_loops`` loops on one event loop) and come back as they
-finish (``stream``) or all at once (``generate``). A failing episode is a result with an
-``error``; it never takes the batch down.
+finish (``stream``) or all at once (``generate``). Those sent to one worker in one
+event-loop tick travel as one call (``EpisodeBatches``). A failing episode is a result
+with an ``error``; it never takes the batch down.
 
 A worker whose process dies is restarted by Ray (up to 3 times). Its in-flight episodes
 run again on a live worker, up to ``rollout.worker_death_retries`` times, then count as
@@ -25,6 +26,7 @@ from agentrl.config import AgentRLConfig
 from agentrl.core.types import SamplingParams
 from agentrl.plugins import import_plugins
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
+from agentrl.rollout.episode_batches import EpisodeBatches
 from agentrl.rollout.worker import AgentLoopWorker
 from agentrl.rollout.worker_pool import WorkerPool
 
@@ -43,7 +45,7 @@ class AgentLoopManager:
 
     def __init__(self, config: AgentRLConfig, worker_cls: type = AgentLoopWorker) -> None:
         """``worker_cls``: the actor class, built from the config as a dict (tests pass a
-        stand-in with the same ``run_episode`` and ``ping``)."""
+        stand-in: an ``EpisodeStreamer`` with the same ``run_episode`` and ``ping``)."""
         self.config = config
         rollout = config.rollout
         # The plugins are imported here first, so that one that fails names its cause in
@@ -62,6 +64,7 @@ class AgentLoopManager:
             for _ in range(rollout.num_workers)
         ]
         self._pool = WorkerPool(workers, rollout.worker_restart_timeout_s)
+        self._batches = EpisodeBatches()
 
     def default_sampling(self) -> SamplingParams:
         """Sampling from the rollout config (max_tokens = the response budget)."""
@@ -82,7 +85,7 @@ class AgentLoopManager:
         while True:
             index, worker = await self._pool.acquire()
             try:
-                result: EpisodeResult = await worker.run_episode.remote(request)
+                result = await self._batches.submit(index, worker, request)
             except ray.exceptions.RayActorError as error:
                 self._pool.died(index)
                 if retries == self.config.rollout.worker_death_retries:

@@ -21,6 +21,7 @@ from agentrl.config import AgentRLConfig
 from agentrl.plugins import import_plugins
 from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
+from agentrl.rollout.episode_batches import EpisodeStreamer
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
 from agentrl.tools.render import place_tools
@@ -28,8 +29,9 @@ from agentrl.tools.render import place_tools
 logger = logging.getLogger(__name__)
 
 
-class AgentLoopWorker:
-    """Holds the tokenizer, tools and server client shared by its episodes."""
+class AgentLoopWorker(EpisodeStreamer):
+    """Holds the tokenizer, tools and server client shared by its episodes; runs one
+    (``run_episode``) or a batch whose results stream back (``run_episodes``)."""
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ import ray
 from agentrl.config import load_config
 from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
+from agentrl.rollout.episode_batches import EpisodeStreamer
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.worker_pool import NoLiveWorker
 
@@ -30,7 +31,7 @@ EPISODE_S = 1.5
 IN_FLIGHT = 8
 
 
-class SleepingWorker:
+class SleepingWorker(EpisodeStreamer):
     """What the manager uses of ``AgentLoopWorker``: an episode sleeps ``EPISODE_S`` and
     comes back as a result named after the worker process that ran it. A restart takes
     ``RESTART_S`` (the real worker loads its tokenizer and connects to the servers); Ray

@@ -179,6 +179,10 @@ class _Replicas:
         self.generate = _Remote(self, "generate")
         self.generate_batch = _Remote(self, "generate_batch")
 
+    def broadcast(self, method: str, *args: Any) -> _BroadcastResponse:
+        self.calls.append((method, {"args": args}))
+        return _BroadcastResponse([None])
+
     def serve(self, request: dict[str, Any]) -> Any:
         outcome = self.answer(request)
         if isinstance(outcome, TokenOutput):
@@ -303,3 +307,29 @@ async def test_a_batch_that_times_out_fails_each_request_with_a_timeout():
         *(client.generate(s, [1]) for s in ["s0", "s1"]), return_exceptions=True
     )
     assert all(isinstance(o, TimeoutError) for o in outs)
+
+
+async def test_a_request_given_up_in_a_batch_is_aborted_on_the_replica_the_rest_served():
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    await _turn(client, ["s0", "s1"])
+    gate = asyncio.Event()
+    serve_batch = replicas.generate_batch.remote
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await serve_batch(*args, **kwargs)
+
+    replicas.generate_batch.remote = held
+    calls = [
+        asyncio.create_task(client.generate(s, [1], request_id=f"r-{s}")) for s in ("s0", "s1")
+    ]
+    await asyncio.sleep(0.01)
+    calls[0].cancel()  # e.g. its episode timed out
+    await asyncio.sleep(0.01)
+    assert replicas.calls[-1] == ("abort", {"args": ("r-s0",)})
+    gate.set()
+    assert (await calls[1]).token_ids == [1, 2]
+    assert calls[0].cancelled()
+    aborts = [c for n, c in replicas.calls if n == "abort"]
+    assert aborts == [{"args": ("r-s0",)}]  # the request that finished is not aborted

@@ -1,0 +1,114 @@
+"""Episodes sent to one agent-loop worker travel in batches, and come back as they finish.
+
+One Ray actor call per episode costs the driver about as much as the whole episode does
+on a fast engine (``bench/rollout_transport.py``, single-turn). So the episodes the
+manager sends to one worker in one event-loop tick go as one streaming call,
+``run_episodes``; the worker yields, each time it is resumed, every result that has
+finished since, so a lone episode comes back as soon as it ends and a thousand that end
+together come back in a few messages.
+
+``EpisodeStreamer`` is the worker's side (mixed into ``AgentLoopWorker`` and into any
+stand-in with an async ``run_episode``); ``EpisodeBatches`` is the manager's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from ray.actor import ActorHandle
+
+from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
+
+Chunk = list[tuple[int, EpisodeResult]]
+"""Finished episodes as (position in the batch, result)."""
+
+
+class EpisodeStreamer:
+    """Runs a batch of episodes with the class's own ``run_episode``."""
+
+    async def run_episode(self, request: EpisodeRequest) -> EpisodeResult:
+        raise NotImplementedError
+
+    async def run_episodes(self, requests: list[EpisodeRequest]) -> AsyncIterator[Chunk]:
+        """Run ``requests`` concurrently; yield what has finished each time the caller
+        takes the next chunk. An exception from ``run_episode`` ends the batch with it."""
+        finished: asyncio.Queue[asyncio.Task[EpisodeResult]] = asyncio.Queue()
+        positions: dict[asyncio.Task[EpisodeResult], int] = {}
+        for position, request in enumerate(requests):
+            task = asyncio.ensure_future(self.run_episode(request))
+            task.add_done_callback(finished.put_nowait)
+            positions[task] = position
+        try:
+            left = len(requests)
+            while left:
+                done = [await finished.get()]
+                while not finished.empty():
+                    done.append(finished.get_nowait())
+                left -= len(done)
+                yield [(positions[task], task.result()) for task in done]
+        finally:
+            for task in positions:
+                task.cancel()
+
+
+class EpisodeBatches:
+    """The manager's side: ``submit`` returns a future of one episode's result; the
+    episodes submitted for one worker in one tick share one ``run_episodes`` call.
+
+    A call that fails (the worker died, or ``run_episode`` raised) fails every episode
+    of its batch that had not come back, with the call's exception."""
+
+    def __init__(self) -> None:
+        self._forming: dict[int, list[tuple[EpisodeRequest, asyncio.Future[EpisodeResult]]]] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+
+    def submit(
+        self, index: int, worker: ActorHandle, request: EpisodeRequest
+    ) -> asyncio.Future[EpisodeResult]:
+        """Queue ``request`` for worker ``index``; the batch leaves at the end of the tick."""
+        loop = asyncio.get_running_loop()
+        batch = self._forming.get(index)
+        if batch is None:
+            batch = self._forming[index] = []
+            loop.call_soon(self._send, index, worker)
+        future: asyncio.Future[EpisodeResult] = loop.create_future()
+        batch.append((request, future))
+        return future
+
+    def _send(self, index: int, worker: ActorHandle) -> None:
+        batch = self._forming.pop(index)
+        futures = [future for _, future in batch]
+        requests = [request for request, _ in batch]
+        call = asyncio.get_running_loop().create_task(self._call(worker, requests, futures))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+
+        def drop_when_unwanted(_: asyncio.Future[EpisodeResult]) -> None:
+            # Every caller gave up (cancelled): stop listening, as an abandoned
+            # single call would; the worker finishes the episodes on its own.
+            if all(future.done() for future in futures):
+                call.cancel()
+
+        for future in futures:
+            future.add_done_callback(drop_when_unwanted)
+
+    @staticmethod
+    async def _call(
+        worker: ActorHandle,
+        requests: list[EpisodeRequest],
+        futures: list[asyncio.Future[EpisodeResult]],
+    ) -> None:
+        try:
+            stream = worker.run_episodes.options(num_returns="streaming").remote(requests)
+            async for chunk_ref in stream:
+                for position, result in await chunk_ref:
+                    if not futures[position].done():
+                        futures[position].set_result(result)
+            missing = sum(not future.done() for future in futures)
+            if missing:
+                raise RuntimeError(f"the worker's batch ended with {missing} episodes missing")
+        except Exception as error:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
