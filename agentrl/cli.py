@@ -14,10 +14,15 @@ from pathlib import Path
 
 from rich.logging import RichHandler
 
-from agentrl.config import AgentRLConfig, ConfigError, describe_config, load_config
-from agentrl.models import resolve_model_config
+from agentrl.config import (
+    AgentRLConfig,
+    ConfigError,
+    describe_config,
+    load_config,
+    resolve_user_config,
+)
 from agentrl.placement import rollout_actor_resources
-from agentrl.plugins import PluginError, import_plugins
+from agentrl.plugins import PluginError
 
 logger = logging.getLogger("agentrl")
 
@@ -32,10 +37,7 @@ def _load(args: argparse.Namespace) -> AgentRLConfig:
         cfg.ray.address = args.address
     elif cfg.ray.address is None and os.environ.get("RAY_ADDRESS"):
         cfg.ray.address = os.environ["RAY_ADDRESS"]
-    cfg.model = resolve_model_config(cfg.model)
-    # User modules first: their registrations must exist before any row or name is read.
-    cfg.plugins = import_plugins(cfg.plugins)
-    return cfg
+    return resolve_user_config(cfg)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -33,7 +33,9 @@ from agentrl.core.config import (
     WeightSyncConfig,
 )
 from agentrl.data.config import DataConfig
+from agentrl.models import resolve_model_config
 from agentrl.placement import PlacementConfig
+from agentrl.plugins import import_plugins
 from agentrl.reward.config import RewardConfig
 from agentrl.server.config import EngineConfig, RouterConfig, ServerConfig
 from agentrl.server.gateway.config import GatewayConfig
@@ -62,6 +64,7 @@ __all__ = [
     "describe_config",
     "load_config",
     "parse_override",
+    "resolve_user_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -182,6 +185,18 @@ def load_config(
         tree = loaded or {}
     tree = apply_overrides(tree, overrides or [])
     return AgentRLConfig.model_validate(tree)
+
+
+def resolve_user_config(cfg: AgentRLConfig) -> AgentRLConfig:
+    """A copy of ``cfg`` ready to run in any process: ``builtin:`` model names resolved to
+    checkpoint directories, and the plugins imported (their specs resolved, file paths
+    made absolute). The CLI, ``rollout()``, ``Trainer`` and ``AgentLoopManager`` all start
+    with it, so user modules are imported before any row or registered name is read,
+    from Python as from the command line. Idempotent; raises ``PluginError`` naming a
+    plugin that fails to import."""
+    return cfg.model_copy(
+        update={"model": resolve_model_config(cfg.model), "plugins": import_plugins(cfg.plugins)}
+    )
 
 
 def describe_config(model: type[BaseModel] = AgentRLConfig, prefix: str = "") -> list[str]:

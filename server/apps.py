@@ -28,8 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.serve import Application
 
-from agentrl.config import AgentRLConfig, ConfigError, load_config
-from agentrl.models import resolve_model_config
+from agentrl.config import AgentRLConfig, ConfigError, load_config, resolve_user_config
 
 
 class AppArgs(BaseModel):
@@ -63,8 +62,8 @@ def load_app_config(args: dict[str, Any] | AppArgs) -> AgentRLConfig:
     cfg = load_config(parsed.config, overrides)
     if not cfg.model.path:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
-    cfg.model = resolve_model_config(cfg.model)
-    return cfg
+    # Plugins imported here are handed on to the gateway replica (its runtime env).
+    return resolve_user_config(cfg)
 
 
 def rollout_app(args: dict[str, Any]) -> Application:

@@ -22,12 +22,11 @@ from typing import Any
 
 import ray
 
-from agentrl.config import AgentRLConfig
+from agentrl.config import AgentRLConfig, resolve_user_config
 from agentrl.core.types import SamplingParams
-from agentrl.plugins import import_plugins
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.episode_batches import EpisodeBatches
-from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.rollout.worker import AgentLoopWorker, AgentLoopWorkerConfig
 from agentrl.rollout.worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -49,9 +48,10 @@ class AgentLoopManager:
         self.config = config
         rollout = config.rollout
         # The plugins are imported here first, so that one that fails names its cause in
-        # the driver; the workers get them as resolved (file paths made absolute).
-        worker_config = config.model_dump()
-        worker_config["plugins"] = import_plugins(config.plugins)
+        # the driver; the workers get them and the model as resolved (plugin file paths
+        # made absolute, builtin: model names as checkpoint directories), and only the
+        # sections they read.
+        worker_config = AgentLoopWorkerConfig.of(resolve_user_config(config)).model_dump()
         actor_cls = ray.remote(worker_cls)
         workers = [
             actor_cls.options(

@@ -50,10 +50,9 @@ from typing import IO, Any, Literal, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.config import AgentRLConfig, ConfigError
+from agentrl.config import AgentRLConfig, ConfigError, resolve_user_config
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.data import build_dataset, parse_row
-from agentrl.plugins import import_plugins
 from agentrl.reward.manager import RewardManager, RewardRequest, RewardResult, reward_metrics
 from agentrl.rollout.episode import EpisodeResult, make_requests
 from agentrl.rollout.metrics import episode_info, rollout_metrics
@@ -356,13 +355,9 @@ def _prepare(
     """The resolved config (plugins imported), the tokenizer and the rows to roll out."""
     from transformers import AutoTokenizer
 
-    from agentrl.models import resolve_model_config
-
-    cfg = config.model_copy(deep=True)
-    cfg.model = resolve_model_config(cfg.model)
-    if not cfg.model.path:
+    if not config.model.path:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
-    cfg.plugins = import_plugins(cfg.plugins)  # before any row or registered name is read
+    cfg = resolve_user_config(config.model_copy(deep=True))
     tokenizer = AutoTokenizer.from_pretrained(
         cfg.model.tokenizer, trust_remote_code=cfg.model.trust_remote_code
     )

@@ -12,21 +12,47 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import Field
 from transformers import AutoTokenizer
 
 from agentrl.agent_loops.base import AgentLoopContext, GenerateClient
 from agentrl.agent_loops.chat import ChatRenderer
+from agentrl.agent_loops.config import RolloutConfig
 from agentrl.agent_loops.registry import get_agent_loop
-from agentrl.config import AgentRLConfig
+from agentrl.core.config import ModelConfig, Section
+from agentrl.models import resolve_model_config
 from agentrl.plugins import import_plugins
 from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.rollout.episode_batches import EpisodeStreamer
+from agentrl.server.config import ServerConfig
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import get_tool_parser
 from agentrl.tools.render import place_tools
 
 logger = logging.getLogger(__name__)
+
+
+class AgentLoopWorkerConfig(Section):
+    """The sections of the config tree an agent-loop worker reads. A worker is handed
+    these alone, so its process loads no trainer or algorithm config (or code)."""
+
+    plugins: list[str] = Field(
+        default_factory=list, description="Plugin modules to import (see `plugins`)."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @classmethod
+    def of(cls, config: Any) -> AgentLoopWorkerConfig:
+        """The worker's sections of ``config``: a full ``AgentRLConfig``, its dict, or
+        already an ``AgentLoopWorkerConfig``."""
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, dict):
+            return cls.model_validate({k: config[k] for k in cls.model_fields if k in config})
+        return cls.model_validate({k: getattr(config, k) for k in cls.model_fields})
 
 
 class AgentLoopWorker(EpisodeStreamer):
@@ -35,16 +61,19 @@ class AgentLoopWorker(EpisodeStreamer):
 
     def __init__(
         self,
-        config: AgentRLConfig | dict[str, Any],
+        config: AgentLoopWorkerConfig | Any,
         client: GenerateClient | None = None,
         tools: dict[str, BaseTool] | None = None,
         tokenizer: Any = None,
     ) -> None:
-        self.config = AgentRLConfig.model_validate(config)
+        """``config``: the worker's sections, or a full config (``AgentRLConfig`` or its
+        dict) to take them from."""
+        self.config = AgentLoopWorkerConfig.of(config)
         # Before anything resolves a registered name (loops, tool parsers, tools).
         import_plugins(self.config.plugins)
         rollout = self.config.rollout
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.config.model.tokenizer)
+        model = resolve_model_config(self.config.model)  # builtin: names, as the CLI takes
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model.tokenizer)
         self.client = client or self._connect()
         self.tools = tools if tools is not None else self._load_tools()
         template_tools, system_prompt = place_tools(

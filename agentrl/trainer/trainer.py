@@ -20,7 +20,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from agentrl.algos import DynamicSampler, DynamicSamplingError
-from agentrl.config import AgentRLConfig
+from agentrl.config import AgentRLConfig, resolve_user_config
 from agentrl.core.types import INITIAL_WEIGHT_VERSION, SamplingParams
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
@@ -81,7 +81,7 @@ class Trainer:
 
     def setup(self) -> None:
         """Start Ray, the rollout servers, the agent-loop and training workers."""
-        cfg = self.cfg
+        self.cfg = cfg = resolve_user_config(self.cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)

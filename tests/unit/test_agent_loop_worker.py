@@ -13,7 +13,7 @@ from agentrl.config import load_config
 from agentrl.core.trajectory import TrajectoryBuilder
 from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import make_requests
-from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.rollout.worker import AgentLoopWorker, AgentLoopWorkerConfig
 from agentrl.testing.scripted import ScriptedClient
 
 SAMPLING = SamplingParams(max_tokens=16)
@@ -126,3 +126,22 @@ async def test_loop_may_return_several_samples_for_one_episode(worker):
     result = await worker.run_episode(request)
     assert result.ok and len(result.outputs) == 2
     assert all(o.response_ids == [5, 6, worker.tokenizer.eos_token_id] for o in result.outputs)
+
+
+def test_a_worker_takes_only_its_sections_of_the_full_config(tiny_checkpoint):
+    cfg = load_config(
+        None, [f"model.path={tiny_checkpoint}", "rollout.n=3", "trainer.total_steps=7"]
+    )
+    worker_cfg = AgentLoopWorkerConfig.of(cfg.model_dump())
+    assert set(worker_cfg.model_dump()) == {"plugins", "model", "server", "rollout"}
+    assert worker_cfg.rollout.n == 3
+    assert AgentLoopWorkerConfig.of(cfg) == worker_cfg
+    assert AgentLoopWorkerConfig.of(worker_cfg) is worker_cfg
+
+
+def test_a_worker_built_from_python_accepts_builtin_model_names(tiny_checkpoint):
+    """As the CLI does: `builtin:tiny-qwen2` is a checkpoint name, not a hub id."""
+    cfg = load_config(None, ["model.path=builtin:tiny-qwen2"])
+    worker = AgentLoopWorker(cfg, client=ScriptedClient(lambda *_: []), tools={})
+    expected = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert worker.tokenizer.get_vocab() == expected.get_vocab()

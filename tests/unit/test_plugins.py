@@ -157,3 +157,34 @@ def test_gateway_application_hands_the_driver_plugins_to_its_replica(tmp_path, m
     app = build_gateway_app(cfg.gateway, cfg.model, cfg.server, namespace="test")
     runtime_env = app._bound_deployment.ray_actor_options["runtime_env"]
     assert json.loads(runtime_env["env_vars"][PLUGINS_ENV]) == ["plug_parsers"]
+
+
+def test_a_config_is_resolved_the_same_from_python_as_from_the_cli(tmp_path, monkeypatch):
+    """`resolve_user_config` (the CLI, rollout(), Trainer and AgentLoopManager start with
+    it): the plugins are imported and recorded, builtin: model names become directories,
+    and the caller's config is left as it was."""
+    from agentrl.config import resolve_user_config
+
+    _write(tmp_path, "plug_resolved.py", LOOP_MODULE.format(name="plug_resolved"))
+    cfg = load_config(
+        None, ["model.path=builtin:tiny-qwen2", f"plugins=[{tmp_path}/plug_resolved.py]"]
+    )
+    resolved = resolve_user_config(cfg)
+    assert get_agent_loop("plug_resolved").__name__ == "Loop"
+    assert resolved.plugins == [str((tmp_path / "plug_resolved.py").resolve())]
+    assert json.loads(plugin_runtime_env()["env_vars"][PLUGINS_ENV]) == resolved.plugins
+    assert Path(resolved.model.path, "config.json").is_file()
+    assert cfg.model.path == "builtin:tiny-qwen2"
+    assert resolve_user_config(resolved) == resolved
+
+
+def test_the_serve_config_gateway_app_carries_the_configs_plugins(tmp_path, monkeypatch):
+    """`agentrl.server.apps:gateway_app` (Serve config files, KubeRay): the replica gets
+    the plugins the config names, not only those the building process had imported."""
+    from agentrl.server.apps import gateway_app
+
+    _write(tmp_path, "plug_app_parsers.py", "")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = gateway_app({"overrides": ["model.path=unused", "plugins=[plug_app_parsers]"]})
+    runtime_env = app._bound_deployment.ray_actor_options["runtime_env"]
+    assert json.loads(runtime_env["env_vars"][PLUGINS_ENV]) == ["plug_app_parsers"]
