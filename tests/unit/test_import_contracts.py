@@ -1,12 +1,12 @@
 """Layer contracts, checked on what a process *loads*, not only on direct imports.
 
 Each entry point is imported in a fresh interpreter and the ``agentrl`` modules that
-ended up in ``sys.modules`` are compared with what its layer may depend on (DESIGN.md,
-"Dependency direction"): a rollout replica loads no trainer, algorithm or agent-loop
-code; an agent loop no trainer or algorithm code; a tool no agent-loop or trainer code;
-the algorithms nothing of the project but the core; the core nothing of the project and
-no heavy package (torch, Ray, transformers, ...). No entry point loads FSDP, except where
-transformers itself does.
+ended up in ``sys.modules`` are compared with what its layer may depend on
+(docs/architecture.md, "Layers"): a rollout replica loads no trainer, algorithm or
+agent-loop code; an agent loop or an agent-loop worker no trainer or algorithm code; a
+tool no agent-loop or trainer code; the algorithms nothing of the project but the core;
+the core nothing of the project and no heavy package (torch, Ray, transformers, ...).
+No entry point loads FSDP, except where transformers itself does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -101,13 +102,9 @@ CONTRACTS = [
     Contract("agentrl.agent_loops.tool_agent", _LOOPS_FORBID),
     Contract("agentrl.agent_loops.external", _LOOPS_FORBID),
     Contract("agentrl.tools", ("agentrl.agent_loops.*", "agentrl.trainer.*", "agentrl.testing.*")),
-    # The rollout worker validates the whole config tree (it is handed an AgentRLConfig),
-    # so the trainer's config section is loaded with it; no trainer code is.
-    Contract(
-        "agentrl.rollout.worker",
-        ("agentrl.trainer.*", "agentrl.testing.*"),
-        allowed=("agentrl.trainer", "agentrl.trainer.config"),
-    ),
+    # The agent-loop worker reads its own sections of the config (AgentLoopWorkerConfig),
+    # so not even the trainer's or the algorithms' config sections are loaded.
+    Contract("agentrl.rollout.worker", _LOOPS_FORBID),
     # Nothing of the project but the algorithms themselves and the core.
     Contract(
         "agentrl.algos",
@@ -143,7 +140,12 @@ def test_entry_point_loads_only_the_layers_below_it(contract: Contract) -> None:
     )
 
 
-_CORE_MODULES = ("agentrl.core.config", "agentrl.core.types", "agentrl.core.trajectory")
+# Every module of the core package, found in its folder (a new one is checked too).
+_CORE_MODULES = tuple(
+    f"agentrl.core.{path.stem}"
+    for path in sorted((Path(__file__).parents[2] / "agentrl" / "core").glob("*.py"))
+    if path.stem != "__init__"
+)
 # What the core may not load: every process loads it, a rollout worker without a GPU too.
 _HEAVY_PACKAGES = ("torch", "ray", "transformers", "vllm", "numpy", "tokenizers", "fastapi")
 
