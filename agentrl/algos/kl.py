@@ -117,10 +117,14 @@ def kl_loss(
     )
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of ``softmax(logits)`` over the last dim: ``logsumexp(z) - Σ_v p_v z_v``."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+def entropy_from_logits(logits: Tensor, log_z: Tensor | None = None) -> Tensor:
+    """Entropy of ``softmax(logits)`` over the last dim: ``logsumexp(z) - Σ_v p_v z_v``.
+
+    ``log_z``: ``logsumexp(logits, -1)`` where the caller has it already (the log-prob
+    computation does), so it is not computed twice."""
+    if log_z is None:
+        log_z = torch.logsumexp(logits, dim=-1)
+    return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
 def entropy_bonus(

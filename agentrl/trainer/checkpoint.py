@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,23 +89,6 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The unsharded state dict on rank 0's CPU (empty on other ranks); collective."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
-
-
-def iter_buckets(
-    named_tensors: dict[str, Tensor], bucket_bytes: int
-) -> Iterator[list[tuple[str, Tensor]]]:
-    """``(name, tensor)`` lists of about ``bucket_bytes`` each (a larger tensor goes alone)."""
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def _rng_state() -> dict[str, Any]:

@@ -126,7 +126,11 @@ class ActorConfig(_TrainableSection):
         "so it can be larger); None = max_tokens_per_micro_batch.",
     )
     weight_sync_bucket_mb: float = Field(
-        512.0, gt=0, description="Size of one bucket of gathered weights sent to the servers."
+        512.0,
+        gt=0,
+        description="Size of one chunk of the gathered weights that rank 0 streams to the "
+        "driver (whole decoder layers, as weight_sync.bucket_mb); weight_sync.bucket_mb sizes "
+        "the buckets pushed on to the replicas.",
     )
 
 

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
+from agentrl.algos.kl import entropy_from_logits
 from agentrl.trainer.base_worker import FSDPWorkerBase
-from agentrl.trainer.checkpoint import full_state_dict, iter_buckets
+from agentrl.trainer.checkpoint import full_state_dict
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import Batch
 from agentrl.trainer.micro_batch import MicroBatch, PolicyLossFn, ValueLossFn, pack_rows
@@ -67,7 +68,7 @@ class ReferenceWorker(FSDPWorkerBase):
         if with_entropy:
             # A metric-only entropy skips the autograd graph of a [tokens, vocab] softmax.
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)
+                entropy = entropy_from_logits(logits, log_z)
             outputs["entropy"] = packed.scatter(entropy)
         return outputs
 
@@ -151,7 +152,7 @@ class ActorWorker(ReferenceWorker):
         if self.rank != 0:
             return
         bucket_bytes = int((bucket_mb or self.config.weight_sync_bucket_mb) * 2**20)
-        yield from iter_buckets(to_hf_state_dict(state, self.config.lora), bucket_bytes)
+        yield from bucketize(to_hf_state_dict(state, self.config.lora).items(), bucket_bytes)
 
     # -- collective weight sync: rank 0 is the root of the weight-broadcast group ------
 

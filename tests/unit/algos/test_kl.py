@@ -140,6 +140,9 @@ def test_entropy_matches_the_sum_over_the_vocabulary():
         probs = [math.exp(v - top) / norm for v in z]
         want = -sum(p * math.log(p) for p in probs)
         assert got[idx].item() == pytest.approx(want, rel=1e-10)
+    # The trainer passes the log-partition it computed for the log-probs.
+    log_z = torch.logsumexp(logits, dim=-1)
+    torch.testing.assert_close(entropy_from_logits(logits, log_z), got, rtol=0, atol=0)
 
 
 def test_entropy_is_finite_for_huge_logits_and_extremes_are_right():
