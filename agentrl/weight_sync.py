@@ -43,15 +43,14 @@ import torch
 
 from agentrl.core.config import WeightSyncConfig
 from agentrl.core.types import PauseMode
+from agentrl.core.weights import BucketPlan, plan_wire
 from agentrl.server.client import ServerClient
 from agentrl.server.collective import (
     BACKENDS,
     BroadcastGroup,
-    BucketPlan,
     CollectiveSyncError,
     RankLayout,
     bucket_plans,
-    plan_wire,
 )
 
 logger = logging.getLogger(__name__)

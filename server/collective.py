@@ -10,9 +10,8 @@ by rank 0) and a directly constructed ``ProcessGroupGloo`` (CPU) or ``ProcessGro
 
 A push sends size-bounded buckets. Each bucket travels as one flat ``uint8`` buffer whose
 layout (tensor names, dtypes, shapes, byte offsets) every rank knows beforehand from a
-``BucketPlan``; receivers allocate the buffer, take part in the broadcast, and view the
-tensors out of it. Plans cross process boundaries as plain lists (``to_wire``), because
-vLLM's ``collective_rpc`` serializes arguments with msgpack.
+``BucketPlan`` (``agentrl.core.weights``, the wire format every transport shares);
+receivers allocate the buffer, take part in the broadcast, and view the tensors out of it.
 """
 
 from __future__ import annotations
@@ -28,70 +27,18 @@ from typing import Any, Literal
 import torch
 from torch.distributed import TCPStore
 
+from agentrl.core.weights import BucketPlan
+
 logger = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
-# Offsets of tensors inside a bucket buffer are multiples of this (any dtype can be viewed).
-ALIGN_BYTES = 64
 _JOIN_KEY = "agentrl/joined"
 _READY_KEY = "agentrl/ready"
 
 
 class CollectiveSyncError(RuntimeError):
     """The weight-broadcast group could not be formed or a broadcast failed."""
-
-
-@dataclass(frozen=True)
-class TensorSlot:
-    """Where one tensor lies in its bucket buffer."""
-
-    name: str
-    dtype: str  # torch dtype without the "torch." prefix
-    shape: tuple[int, ...]
-    offset: int
-
-    @property
-    def nbytes(self) -> int:
-        return _numel(self.shape) * _itemsize(self.dtype)
-
-
-@dataclass(frozen=True)
-class BucketPlan:
-    """The layout of one broadcast buffer."""
-
-    slots: tuple[TensorSlot, ...]
-    nbytes: int
-
-    @classmethod
-    def of(cls, tensors: Sequence[tuple[str, str, Sequence[int]]]) -> BucketPlan:
-        """Lay out ``(name, dtype, shape)`` entries back to back, ``ALIGN_BYTES`` aligned."""
-        slots, offset = [], 0
-        for name, dtype, shape in tensors:
-            slot = TensorSlot(name, _dtype_name(dtype), tuple(int(d) for d in shape), offset)
-            slots.append(slot)
-            offset = _align(offset + slot.nbytes)
-        return cls(tuple(slots), offset)
-
-    def to_wire(self) -> list[list[Any]]:
-        return [[s.name, s.dtype, list(s.shape), s.offset] for s in self.slots] + [[self.nbytes]]
-
-    @classmethod
-    def from_wire(cls, wire: Sequence[Sequence[Any]]) -> BucketPlan:
-        *slots, (nbytes,) = wire
-        return cls(
-            tuple(TensorSlot(n, d, tuple(int(x) for x in s), int(o)) for n, d, s, o in slots),
-            int(nbytes),
-        )
-
-
-def plan_wire(plans: Sequence[BucketPlan]) -> list[list[list[Any]]]:
-    """Several bucket plans in the msgpack-friendly form workers receive."""
-    return [p.to_wire() for p in plans]
-
-
-def plans_from_wire(wire: Sequence[Sequence[Sequence[Any]]]) -> list[BucketPlan]:
-    return [BucketPlan.from_wire(w) for w in wire]
 
 
 @dataclass(frozen=True)
@@ -328,25 +275,3 @@ def _safe_count(store: TCPStore | None) -> str:
         return str(store.add(_JOIN_KEY, 0))
     except Exception:
         return "?"
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _itemsize(dtype: str) -> int:
-    return getattr(torch, dtype).itemsize
-
-
-def _dtype_name(dtype: str | torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if not isinstance(getattr(torch, name, None), torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return name
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN_BYTES) * ALIGN_BYTES

@@ -46,8 +46,9 @@ from agentrl.core.types import (
     SamplingParams,
     TokenOutput,
 )
+from agentrl.core.weights import BucketPlan
 from agentrl.server.checks import check_prompt, clamp_max_tokens
-from agentrl.server.collective import BucketPlan, unpack
+from agentrl.server.collective import unpack
 from agentrl.server.config import EngineConfig
 from agentrl.server.engine import (
     NamedTensors,

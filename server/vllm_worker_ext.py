@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from agentrl.server.collective import BucketPlan, unpack
+from agentrl.core.weights import BucketPlan
+from agentrl.server.collective import unpack
 from agentrl.server.weight_receivers import receiver_class
 
 logger = logging.getLogger(__name__)

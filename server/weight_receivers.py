@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from agentrl.core.types import PauseMode, RolloutError
-from agentrl.server.collective import BroadcastGroup, GroupSpec, node_ip, plans_from_wire
+from agentrl.core.weights import plans_from_wire
+from agentrl.server.collective import BroadcastGroup, GroupSpec, node_ip
 from agentrl.server.engine import RolloutEngine, WeightWorkers, WorkerWeights
 
 if TYPE_CHECKING:

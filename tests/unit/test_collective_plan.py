@@ -15,15 +15,13 @@ import pytest
 import torch
 
 from agentrl.config import WeightSyncConfig, _warn_moved, load_config
+from agentrl.core.weights import ALIGN_BYTES, BucketPlan, plans_from_wire
 from agentrl.server.collective import (
-    ALIGN_BYTES,
     BroadcastGroup,
-    BucketPlan,
     CollectiveSyncError,
     GroupSpec,
     RankLayout,
     bucket_plans,
-    plans_from_wire,
     unpack,
 )
 from agentrl.server.weight_receivers import RECEIVERS

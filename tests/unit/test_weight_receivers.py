@@ -9,7 +9,7 @@ import torch
 
 from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams
-from agentrl.server.collective import BucketPlan
+from agentrl.core.weights import BucketPlan
 from agentrl.server.engine import WeightWorkers, WorkerWeights
 from agentrl.server.null_engine import NullEngine
 from agentrl.server.weight_receivers import (
