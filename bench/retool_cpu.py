@@ -35,6 +35,7 @@ first over seeds), ``min_gain_in_se`` (smallest gain ÷ √(se_first² + se_last
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -60,12 +61,13 @@ RECIPE = ROOT / "recipes" / "retool"
 CACHE = ROOT / ".cache" / "retool"
 WINDOW = 3
 SAMPLE_S = 0.5
+PSS_EVERY = 10
 GB = 1024**3
 
 
 class MemorySampler(threading.Thread):
     """Samples the memory of a process and all its descendants until stopped, three ways
-    (the peak of each over the samples):
+    (the peak of each over the samples; PSS every ``PSS_EVERY``-th sample):
 
     - ``peak_used``: how far the machine's used memory (``MemTotal − MemAvailable``) rose
       above its level before the run: the processes and what they keep outside
@@ -88,7 +90,12 @@ class MemorySampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._done.wait(SAMPLE_S):
+        for sample in itertools.count():
+            if self._done.wait(SAMPLE_S):
+                return
+            # PSS walks each process's page tables (smaps_rollup): every PSS_EVERY-th
+            # sample only, so that sampling does not slow the run it measures.
+            with_pss = sample % PSS_EVERY == 0
             rss_total = pss_total = 0
             try:
                 processes = [self.root, *self.root.children(recursive=True)]
@@ -96,12 +103,12 @@ class MemorySampler(threading.Thread):
                 return
             for process in processes:
                 try:
-                    memory, kind = process.memory_full_info(), _kind(process)
+                    rss, kind = process.memory_info().rss, _kind(process)
+                    pss_total += process.memory_full_info().pss if with_pss else 0
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
-                rss_total += memory.rss
-                pss_total += memory.pss
-                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0), memory.rss)
+                rss_total += rss
+                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0), rss)
             self.peak_total = max(self.peak_total, rss_total)
             self.peak_pss = max(self.peak_pss, pss_total)
             self.peak_used = max(self.peak_used, _used_memory() - self.baseline_used)
