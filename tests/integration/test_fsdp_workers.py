@@ -116,6 +116,8 @@ def hf_model(checkpoint, named_weights=None):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    if ray.is_initialized():  # an earlier module's, left running
+        ray.shutdown()
     ray.init(address="local", include_dashboard=False, num_cpus=2)
     # The loss functions below travel to the workers, which cannot import this file.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
