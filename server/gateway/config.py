@@ -86,8 +86,9 @@ class GatewayConfig(Section):
     sink_capacity: int = Field(
         10_000,
         ge=1,
-        description="Finished sessions the in-memory sink keeps, and the queue sink holds "
-        "while the queue actor is unreachable (oldest dropped).",
+        description="Finished sessions the in-memory sink keeps (oldest dropped), and the "
+        "queue sink holds in memory while the queue actor is unreachable (more are held on "
+        "local disk, none dropped).",
     )
     request_timeout_s: float = Field(
         600.0, gt=0, description="Time limit of one generation; the request gets 504 beyond."

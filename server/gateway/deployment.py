@@ -81,6 +81,12 @@ class Gateway:
         sink = self.service.sink
         return sink.drain() if isinstance(sink, InMemorySink) else []
 
+    async def sink_stats(self) -> dict[str, int]:
+        """The sink's counters (``held`` sessions not delivered yet, ...); {} for a sink
+        without ``stats``."""
+        stats = getattr(self.service.sink, "stats", None)
+        return stats() if callable(stats) else {}
+
 
 def served_model_names(
     gateway: GatewayConfig, path: str, resolved_path: str | None = None

@@ -12,8 +12,13 @@ import asyncio
 import importlib
 import inspect
 import logging
+import os
+import pickle
+import shutil
+import tempfile
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.core.trajectory import AgentLoopOutput
@@ -87,6 +92,62 @@ class InMemorySink:
         self._items.clear()
         return items
 
+    def stats(self) -> dict[str, int]:
+        """``held``: sessions stored and not drained yet."""
+        return {"held": len(self._items)}
+
+
+HeldSession = tuple[str, list[AgentLoopOutput], float | None, str | None]
+
+
+class SessionSpool:
+    """Finished sessions on local disk, oldest first: one pickle file per session in a
+    directory made at the first ``append`` (under ``$TMPDIR``) and removed once empty.
+
+    Where ``QueueSink`` keeps what does not fit in memory while the queue is unreachable,
+    so a long outage costs disk, not sessions.
+    """
+
+    def __init__(self, prefix: str = "agentrl-sink-") -> None:
+        self._prefix = prefix
+        self._dir: Path | None = None
+        self._head = self._tail = 0  # file numbers: [head, tail) are on disk
+
+    def __len__(self) -> int:
+        return self._tail - self._head
+
+    @property
+    def directory(self) -> Path | None:
+        """Where the held sessions are (None while nothing was spilled)."""
+        return self._dir
+
+    def append(self, item: HeldSession) -> None:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix=self._prefix))
+        path = self._dir / f"{self._tail:012d}.pkl"
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(partial, path)  # a file is either complete or absent
+        self._tail += 1
+
+    def peek(self) -> HeldSession:
+        """The oldest session (``IndexError`` when empty)."""
+        if not len(self):
+            raise IndexError("the spool is empty")
+        return pickle.loads((self._path(self._head)).read_bytes())
+
+    def pop(self) -> None:
+        """Forget the oldest session (delivered)."""
+        self._path(self._head).unlink()
+        self._head += 1
+        if not len(self) and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _path(self, number: int) -> Path:
+        assert self._dir is not None
+        return self._dir / f"{number:012d}.pkl"
+
 
 class QueueSink:
     """Sends each finished session to a ``TrajectoryQueue`` (``put_session``).
@@ -98,20 +159,23 @@ class QueueSink:
     are skipped: the loop returns their samples to the trainer itself.
 
     While the actor does not exist yet (or a call to it fails), finished sessions are
-    held, up to ``capacity`` (oldest dropped, with a warning), and sent with the next
-    finished session, oldest first, or at the session store's next sweep (``flush``).
+    held and sent with the next finished session, oldest first, or at the session store's
+    next sweep (``flush``). ``capacity`` sessions are held in memory; more go to a
+    ``SessionSpool`` on local disk (``spilled`` counts them), so none is dropped.
     """
 
     def __init__(self, queue: Any, namespace: str | None = None, capacity: int = 10_000) -> None:
         self._name = queue if isinstance(queue, str) else None
         self._queue = None if isinstance(queue, str) else queue
         self._namespace = namespace
-        self._held: deque[tuple[str, list[AgentLoopOutput], float | None, str | None]] = deque(
-            maxlen=capacity
-        )
+        self._capacity = capacity
+        self._held: deque[HeldSession] = deque()
+        self._spool = SessionSpool()
         self._lock = asyncio.Lock()
         self.sent = 0
         self.skipped = 0
+        self.spilled = 0
+        self._unreachable = False
 
     async def put(
         self,
@@ -124,15 +188,34 @@ class QueueSink:
         if info.managed:
             self.skipped += 1
             return
-        if len(self._held) == self._held.maxlen:
-            logger.warning("queue sink: holding too many sessions; dropped %s", self._held[0][0])
-        self._held.append((session_id, samples, reward, info.group_id))
+        item = (session_id, samples, reward, info.group_id)
+        if len(self._spool) or len(self._held) >= self._capacity:  # in order: after those
+            if not len(self._spool):
+                logger.warning(
+                    "queue sink: %d sessions held in memory; holding the next ones on disk",
+                    len(self._held),
+                )
+            self._spool.append(item)
+            self.spilled += 1
+        else:
+            self._held.append(item)
         await self.flush()
 
     @property
     def held(self) -> int:
-        """Finished sessions not yet delivered to the queue."""
-        return len(self._held)
+        """Finished sessions not yet delivered to the queue (in memory and on disk)."""
+        return len(self._held) + len(self._spool)
+
+    def stats(self) -> dict[str, int]:
+        """``held`` (undelivered), ``held_on_disk``, ``spilled`` (ever held on disk),
+        ``sent`` and ``skipped`` (managed sessions) counts."""
+        return {
+            "held": self.held,
+            "held_on_disk": len(self._spool),
+            "spilled": self.spilled,
+            "sent": self.sent,
+            "skipped": self.skipped,
+        }
 
     async def flush(self) -> bool:
         """Send every held session; False if the queue could not be reached (kept held)."""
@@ -140,22 +223,33 @@ class QueueSink:
             return await self._flush()
 
     async def _flush(self) -> bool:
-        while self._held:
-            session_id, samples, reward, group_id = self._held[0]
+        while self.held:
+            from_memory = bool(self._held)  # memory holds the older sessions
+            session_id, samples, reward, group_id = (
+                self._held[0] if from_memory else self._spool.peek()
+            )
             try:
                 status = await self._put_session(session_id, samples, reward, group_id)
             except Exception as exc:  # the actor is missing or failed: keep it, retry later
-                logger.warning(
-                    "queue sink: cannot deliver session %s to %s (%s); %d session(s) held",
-                    session_id,
-                    self._name or type(self._queue).__name__,
-                    exc,
-                    len(self._held),
-                )
+                if not self._unreachable:  # once per outage, not once per session
+                    logger.warning(
+                        "queue sink: cannot deliver session %s to %s (%s); holding finished "
+                        "sessions until it answers",
+                        session_id,
+                        self._name or type(self._queue).__name__,
+                        exc,
+                    )
+                self._unreachable = True
                 if self._name is not None:
                     self._queue = None  # look the actor up again next time
                 return False
-            self._held.popleft()
+            if self._unreachable:
+                logger.info("queue sink: the queue answers again; delivering held sessions")
+                self._unreachable = False
+            if from_memory:
+                self._held.popleft()
+            else:
+                self._spool.pop()
             self.sent += 1
             if status != "accepted":
                 logger.warning("queue sink: the queue refused session %s (%s)", session_id, status)

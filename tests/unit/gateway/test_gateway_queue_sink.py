@@ -16,6 +16,7 @@ import uvicorn
 from agentrl.agent_loops.external import AgentEndpoint, ExternalAgentLoop
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.config import RolloutConfig
+from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.core.types import SamplingParams
 from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.server.gateway.config import GatewayConfig
@@ -194,24 +195,44 @@ class _FlakyQueue:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.got: list[tuple] = []
+        self.samples: list[list[AgentLoopOutput]] = []
 
     async def put_session(self, session_id, samples, reward, group_id):
         if self.failures:
             self.failures -= 1
             raise RuntimeError("queue actor not found")
         self.got.append((session_id, reward, group_id))
+        self.samples.append(samples)
         return "accepted"
 
 
-async def test_sessions_are_held_while_the_queue_is_unreachable_and_sent_in_order():
-    flaky = _FlakyQueue(failures=2)
+async def test_sessions_are_held_while_the_queue_is_unreachable_and_sent_in_order(caplog):
+    flaky = _FlakyQueue(failures=4)
     sink = QueueSink(flaky, capacity=2)
-    await sink.put("a", [], 1.0, SessionInfo(group_id="g"))
-    await sink.put("b", [], 0.0, SessionInfo())
-    assert sink.held == 2 and flaky.got == []
-    await sink.put("c", [], 0.5, SessionInfo())  # capacity 2: `a` is dropped
-    assert flaky.got == [("b", 0.0, None), ("c", 0.5, None)] and sink.held == 0
-    assert await sink.flush() and sink.sent == 2
+    sample = AgentLoopOutput(
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 0],
+        response_logprobs=[-0.25, 0.0],
+        response_versions=[3, -1],
+        reward=1.0,
+    )
+    for session_id in "abcd":  # 4 failed deliveries: a, b in memory; c, d on disk
+        await sink.put(session_id, [sample], 1.0, SessionInfo(group_id=f"g-{session_id}"))
+    assert flaky.got == []
+    assert sink.stats() == {"held": 4, "held_on_disk": 2, "spilled": 2, "sent": 0, "skipped": 0}
+    spool = sink._spool.directory
+    assert spool is not None and len(list(spool.glob("*.pkl"))) == 2
+    # One warning for the outage, not one per session.
+    assert sum("cannot deliver" in r.getMessage() for r in caplog.records) == 1
+
+    await sink.put("e", [sample], 0.5, SessionInfo())  # the queue answers: all, in order
+    assert [got[0] for got in flaky.got] == ["a", "b", "c", "d", "e"]
+    assert flaky.got[2] == ("c", 1.0, "g-c")  # what went to disk came back as it was
+    assert flaky.samples[2] == [sample]
+    assert sink.stats()["held"] == 0 and sink.sent == 5
+    assert not spool.exists()  # the spool's files are gone with the sessions
+    assert await sink.flush()
 
 
 def test_sink_specs():
