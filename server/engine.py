@@ -117,7 +117,10 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def stats(self) -> dict[str, Any]:
-        """Counters for monitoring: weight version, in-flight requests, cache hits, ..."""
+        """Counters for monitoring. Every engine gives ``backend``, ``weight_version``,
+        ``paused``, ``num_running`` and the running totals ``requests``, ``aborted``,
+        ``prompt_tokens`` and ``generated_tokens``; an engine may add its own (cache hits,
+        queue sizes, ...)."""
 
     @abstractmethod
     async def shutdown(self) -> None:

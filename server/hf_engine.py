@@ -46,6 +46,7 @@ _COUNTERS = (
     "decode_steps",
     "decode_rows",
     "failed_requests",
+    "aborted",
 )
 
 
@@ -297,7 +298,9 @@ class HFEngine(RolloutEngine):
                 self._counters["failed_requests"] += 1
                 seq.future.set_exception(seq.error)
             else:
-                seq.future.set_result(seq.output(self._version))
+                output = seq.output(self._version)
+                self._counters["aborted"] += output.finish_reason == "abort"
+                seq.future.set_result(output)
         self._signal()
 
     # -- model work (worker thread) ----------------------------------------------------------

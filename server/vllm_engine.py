@@ -648,15 +648,15 @@ class VLLMEngine(RolloutEngine):
             "closed": self._closed,
             "num_running": len(self._inflight),
             "num_unfinished_in_engine": unfinished,
-            "requests_total": c.requests,
-            "aborted_total": c.aborted,
-            "prompt_tokens_total": c.prompt_tokens,
-            "generated_tokens_total": c.generated_tokens,
-            "prefix_cache_hit_tokens_total": c.cached_prompt_tokens,
+            "requests": c.requests,
+            "aborted": c.aborted,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_prompt_tokens": c.cached_prompt_tokens,
+            "generated_tokens": c.generated_tokens,
             "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens
             if c.prompt_tokens
             else 0.0,
-            "weight_updates_total": c.weight_updates,
+            "weight_updates": c.weight_updates,
         }
 
     async def shutdown(self) -> None:

@@ -77,7 +77,14 @@ async def _restore(engine, hf_model) -> None:
 
 
 async def test_generate_returns_tokens_logprobs_and_version(engine, tokenizer):
+    before = await engine.stats()
     out = await engine.generate("basic", _prompt(tokenizer, "What is 2 + 3?"), GREEDY)
+    after = await engine.stats()
+    # The stats every engine gives (benchmarks and tests count served work with them).
+    assert after["requests"] == before["requests"] + 1
+    assert after["generated_tokens"] == before["generated_tokens"] + 8
+    assert after["prompt_tokens"] > before["prompt_tokens"]
+    assert {"backend", "weight_version", "paused", "num_running", "aborted"} <= set(after)
     assert len(out.token_ids) == 8
     assert len(out.logprobs) == 8
     assert all(lp <= 0.0 for lp in out.logprobs)
