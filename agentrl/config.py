@@ -76,9 +76,10 @@ class AgentRLConfig(Section):
     plugins: list[str] = Field(
         default_factory=list,
         description="User modules imported in every process that runs user code (driver, "
-        "agent-loop workers, reward process pools, gateway) before any row is read, so that "
-        "their registrations (@register_agent_loop, @register_tool_parser, @register_scorer) "
-        "work by name everywhere: dotted module names (my_pkg.loops) or .py file paths.",
+        "agent-loop workers, reward process pools, gateway, rollout replicas) before any row "
+        "is read, so that their registrations (@register_agent_loop, @register_tool_parser, "
+        "@register_scorer, @register_receiver) work by name everywhere: dotted module names "
+        "(my_pkg.loops) or .py file paths.",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

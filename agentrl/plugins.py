@@ -158,14 +158,16 @@ def import_plugins(specs: Sequence[str]) -> list[str]:
 
     The resolved specs (file paths made absolute) are what worker processes should be
     given. They are also recorded in ``$AGENTRL_PLUGINS``, so processes this one starts
-    later (a reward process pool, a local Ray cluster) can ``import_plugins_from_env``.
-    Importing a plugin twice is a no-op. Raises ``PluginError`` on the first failure.
+    later (a reward process pool, a local Ray cluster) can ``import_plugins_from_env``:
+    the record is this call's plugins, so a second config in one process (a notebook)
+    hands its processes its own plugins, not the first one's too. Importing a plugin
+    twice is a no-op. Raises ``PluginError`` on the first failure.
     """
     resolved = [import_plugin(spec) for spec in specs]
     if resolved:
-        known = _recorded()
-        merged = known + [s for s in resolved if s not in known]
-        os.environ[PLUGINS_ENV] = json.dumps(merged)
+        os.environ[PLUGINS_ENV] = json.dumps(resolved)
+    else:
+        os.environ.pop(PLUGINS_ENV, None)
     return resolved
 
 

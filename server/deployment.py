@@ -15,6 +15,7 @@ from ray.serve.schema import LoggingConfig
 
 from agentrl.core.config import ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams, TokenOutput
+from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
@@ -45,6 +46,7 @@ class RolloutServer:
     """
 
     def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
+        import_plugins_from_env()  # the driver's `plugins:` (weight receivers, ...)
         self._engine = create_engine(ModelConfig(**model), EngineConfig(**engine))
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._receivers: dict[str, WeightReceiver] = {}  # weight receivers by kind
@@ -140,6 +142,10 @@ def _engine_env() -> dict[str, str]:
     return {k: os.environ[k] for k in _ENGINE_ENV_VARS if k in os.environ}
 
 
+def _plugin_env() -> dict[str, str]:
+    return plugin_runtime_env().get("env_vars", {})
+
+
 def build_rollout_app(
     model: ModelConfig, server: ServerConfig, actor_resources: dict[str, float] | None = None
 ) -> Application:
@@ -158,7 +164,7 @@ def build_rollout_app(
         "ray_actor_options": {
             "num_cpus": server.num_cpus_per_replica,
             "num_gpus": num_gpus,
-            "runtime_env": {"env_vars": _engine_env()},
+            "runtime_env": {"env_vars": _engine_env() | _plugin_env()},
             "resources": dict(actor_resources or {}),
         },
         "health_check_period_s": 5,

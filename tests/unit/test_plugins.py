@@ -88,6 +88,21 @@ def test_file_outside_the_path_is_imported_by_absolute_path(tmp_path, monkeypatc
     assert json.loads(__import__("os").environ[PLUGINS_ENV]) == [resolved]
 
 
+def test_processes_started_later_get_the_latest_config_s_plugins_only(tmp_path, monkeypatch):
+    """Two configs in one process (a notebook): the second one's processes import its
+    plugins, not the first one's as well."""
+    monkeypatch.delenv(PLUGINS_ENV, raising=False)
+    _write(tmp_path, "plug_first_loops.py", LOOP_MODULE.format(name="plug_first"))
+    _write(tmp_path, "plug_second_loops.py", LOOP_MODULE.format(name="plug_second"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_plugins(["plug_first_loops"])
+    assert json.loads(plugin_runtime_env()["env_vars"][PLUGINS_ENV]) == ["plug_first_loops"]
+    import_plugins(["plug_second_loops"])
+    assert json.loads(plugin_runtime_env()["env_vars"][PLUGINS_ENV]) == ["plug_second_loops"]
+    import_plugins([])
+    assert plugin_runtime_env() == {} and PLUGINS_ENV not in __import__("os").environ
+
+
 def test_file_on_the_path_is_the_module_a_later_import_finds(tmp_path, monkeypatch):
     """Listing `my_loops.py` and importing `my_loops` must not register the loop twice."""
     _write(tmp_path, "plug_same_loops.py", LOOP_MODULE.format(name="plug_same"))
