@@ -19,6 +19,7 @@ class Ledger:
     resumed: bool = False
     seconds_to_recover_or_stop: float | None = None
     steps: int = 0
+    episodes_generated: int = 0
     episodes_trained: int = 0
     episodes_failed: int = 0
     episodes_retried: int = 0
@@ -32,6 +33,7 @@ class Ledger:
         self.episodes_trained += int(sum(h["trainer/episodes"] for h in history))
         if history:
             last = history[-1]
+            self.episodes_generated += int(last.get("async/episodes_in", 0))
             self.episodes_failed += int(last.get("async/failed_episodes", 0))
             self.episodes_retried += int(last.get("async/retried_episodes", 0))
             self.episodes_dropped_stale += int(last.get("async/dropped_stale", 0))

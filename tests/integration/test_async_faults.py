@@ -12,9 +12,11 @@ them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,13 +25,21 @@ from fault_ledger import Ledger
 from ray import serve
 from toy_task import toy_config
 
+from agentrl.testing.faults import HOLD_IN_PAUSE, hold_in_pause_payload
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.group import WorkerGroupError
+from agentrl.trainer.row_feed import RowFeed
+from agentrl.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 ASYNC = ["trainer.max_staleness=1", "rollout.max_response_length=16"]
 MULTI_TURN = "rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop"
+SANDBOX_TOOLS = """
+tools:
+  - class_name: agentrl.tools.code_interpreter.CodeInterpreterTool
+    config: {wall_time_s: 3, cpu_time_s: 3, max_concurrency: 4}
+"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,6 +91,34 @@ async def _when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> Non
     assert not fit.done(), fit
 
 
+def _record_rows_handed_out(trainer: AsyncTrainer) -> list[tuple[int, dict]]:
+    """Every (index, row) the trainer's feed hands out from now on, in order."""
+    handed_out: list[tuple[int, dict]] = []
+    next_row = trainer._feed.next_row
+
+    def recording_next_row():
+        handed_out.append(next_row())
+        return handed_out[-1]
+
+    trainer._feed.next_row = recording_next_row
+    return handed_out
+
+
+def _assert_the_data_order_continues(
+    trainer: AsyncTrainer, resumed_from: dict, handed_out: list[tuple[int, dict]]
+) -> None:
+    """A resumed feed hands out the rows its checkpoint had pending first, in index
+    order, then new rows exactly as an uninterrupted run's feed draws them."""
+    pending = [index for index, _ in resumed_from["pending"]]
+    indices = [index for index, _ in handed_out]
+    assert indices[: len(pending)] == pending
+    new = indices[len(pending) :]
+    assert new == list(range(resumed_from["next_index"], resumed_from["next_index"] + len(new)))
+    uninterrupted = RowFeed(Trainer._row_loader(trainer))  # a fresh loader, same data config
+    order = [uninterrupted.next_row() for _ in range(max(indices) + 1)]
+    assert all(row == order[index][1] for index, row in handed_out)
+
+
 async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
@@ -100,9 +138,11 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     started = time.monotonic()
     second.setup()
     resumed_from = second._feed.state_dict()
+    handed_out = _record_rows_handed_out(second)
     try:
         assert (second.step, second.version) == (2, 2)
         history = await asyncio.wait_for(second.fit(), 600)
+        _assert_the_data_order_continues(second, resumed_from, handed_out)
     finally:
         second.shutdown()
     ledger.add_run(history)
@@ -193,21 +233,39 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
 async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
-    ledger = Ledger("replica killed during a weight push")
+    ledger = Ledger("replica killed between pause and resume of a weight push")
     tmp = tmp_path_factory.mktemp("kill_in_push")
     steps = 4
-    extra = [*ASYNC, "server.num_replicas=2"]
+    # The push of version 2 goes through a receiver that holds each replica paused for a
+    # while and says so (agentrl.testing.faults, loaded into the replicas as a plugin);
+    # the replica that says so first is killed while paused, before it resumes. In place:
+    # the receiver loads into the paused engine.
+    extra = [
+        *ASYNC,
+        MULTI_TURN,
+        "server.num_replicas=2",
+        "server.engine.weight_swap=inplace",
+        "plugins=[agentrl.testing.faults]",
+    ]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     swap_weights = trainer.client.swap_weights
+    paused_dir = tmp / "paused"
+    paused_dir.mkdir()
     killed: list[float] = []
 
     async def swap_and_kill(kind, payload, version, mode, **options):
-        swap = asyncio.ensure_future(swap_weights(kind, payload, version, mode, **options))
-        if version == 2:  # the second push: one replica dies while it swaps
-            killed.append(time.monotonic())
-            os.kill(_pids("ray::ServeReplica:rollout:")[0], signal.SIGKILL)
+        if version != 2:
+            return await swap_weights(kind, payload, version, mode, **options)
+        assert kind == "object_store"
+        held = hold_in_pause_payload(payload, paused_dir, hold_s=5.0)
+        swap = asyncio.ensure_future(swap_weights(HOLD_IN_PAUSE, held, version, mode, **options))
+        async with asyncio.timeout(120):
+            while not (paused := list(paused_dir.iterdir())):
+                await asyncio.sleep(0.02)
+        killed.append(time.monotonic())
+        os.kill(int(paused[0].name), signal.SIGKILL)
         return await swap
 
     trainer.client.swap_weights = swap_and_kill
@@ -222,6 +280,77 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     assert versions == [trainer.version] * 2
     assert max(h["async/staleness/max"] for h in history) <= 1
+
+
+def _code_rows(path: Path, count: int) -> None:
+    """Toy rows whose episode runs ``extra_info["code"]`` in the sandbox: every fourth
+    row's code never ends (the wall-clock limit kills it), the others take a second."""
+    with path.open("w") as f:
+        for i in range(count):
+            code = "import time\ntime.sleep(3600)" if i % 4 == 3 else "import time\ntime.sleep(1)"
+            row = {
+                "prompt": [{"role": "user", "content": f"Run the code of row {i}."}],
+                "data_source": "toy",
+                "reward_model": {"ground_truth": "", "style": "rule"},
+                "extra_info": {"code": f"{code}\nprint({i})"},
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+def _sandbox_pids() -> list[int]:
+    """This test's sandboxed interpreters (the code-interpreter's, not a wrapper's)."""
+    from agentrl.tools.sandbox import _BOOT
+
+    pids = []
+    for process in psutil.Process().children(recursive=True):
+        cmdline = _cmdline(process)
+        if _BOOT in cmdline and os.path.basename(cmdline[0]).startswith("python"):
+            pids.append(process.pid)
+    return pids
+
+
+@pytest.mark.long_fault
+async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_completes(
+    tiny_checkpoint, tmp_path_factory, record_property
+):
+    ledger = Ledger("sandbox processes hung (wall-clock limit) and one killed")
+    tmp = tmp_path_factory.mktemp("sandbox")
+    rows, tools = tmp / "code.jsonl", tmp / "tools.yaml"
+    _code_rows(rows, 32)
+    tools.write_text(SANDBOX_TOOLS)
+    steps = 4
+    extra = [
+        *ASYNC,
+        "rollout.agent_name=agentrl.testing.loops:CodeToolLoop",
+        f"rollout.tool_config_path={tools}",
+        "rollout.tool_timeout_s=30",
+        f"data.train_files=[{rows}]",
+    ]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    try:
+        fit = asyncio.create_task(trainer.fit())
+        await _when_step(trainer, fit, 1)
+        async with asyncio.timeout(120):
+            while not (running := _sandbox_pids()):
+                await asyncio.sleep(0.05)
+        killed_at = time.monotonic()
+        os.kill(running[0], signal.SIGKILL)
+        history = await asyncio.wait_for(fit, 600)
+        ledger.seconds_to_recover_or_stop = time.monotonic() - killed_at
+    finally:
+        trainer.shutdown()
+    ledger.record_completed_run(history, steps, trainer, record_property)
+    assert ledger.completed
+    # Each episode got its tool answer (the error for a hung or killed process) and was
+    # trained: nothing failed, nothing was retried.
+    assert ledger.episodes_failed == 0 and ledger.episodes_retried == 0, ledger
+    batch = cfg.data.train_batch_size * cfg.rollout.n
+    assert [h["trainer/episodes"] for h in history] == [batch] * steps
+    assert sum(h.get("rollout/sandbox_wall_limit", 0) for h in history) > 0
+    assert sum(h.get("rollout/sandbox_killed", 0) for h in history) > 0
+    assert sum(h.get("rollout/sandbox_ok", 0) for h in history) > 0
 
 
 @pytest.mark.long_fault
@@ -252,9 +381,11 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
     resumed = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     resumed.setup()
     resumed_from = resumed._feed.state_dict()
+    handed_out = _record_rows_handed_out(resumed)
     try:
         first_step = resumed.step
         history = await asyncio.wait_for(resumed.fit(), 600)
+        _assert_the_data_order_continues(resumed, resumed_from, handed_out)
     finally:
         resumed.shutdown()
     ledger.add_run(history)

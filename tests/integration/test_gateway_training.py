@@ -4,7 +4,9 @@ One ``AsyncTrainer`` set-up (Ray, one vLLM-CPU rollout replica, the gateway with
 sink, two FSDP ranks) is shared by the module. The first test stands up its own queue
 actor under the sink's name and reads the batch itself; the second lets
 ``AsyncTrainer.fit`` (``trainer.agent_loop_episodes=false``) train on nothing but
-gateway sessions.
+gateway sessions, half of which finished while the queue did not exist (the sink held
+them, one in memory and one on disk): fault 7 of ``bench/fault_tolerance.py``, which
+records its ledger as the ``fault`` property.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import httpx
 import openai
 import pytest
 import ray
+from fault_ledger import Ledger
 from ray import serve
 from toy_task import toy_config
 
 from agentrl.rollout.queue import TrajectoryQueue
-from agentrl.server.gateway.deployment import gateway_url
+from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, gateway_url
 from agentrl.trainer.async_trainer import AsyncTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -39,6 +42,7 @@ def trainer(tiny_checkpoint, tmp_path_factory):
             "server.http_port=18771",
             "gateway.enabled=true",
             f"gateway.sink=queue:{QUEUE}",
+            "gateway.sink_capacity=1",  # a second held session goes to disk
             f"gateway.served_model_name={MODEL}",
             "trainer.agent_loop_episodes=false",
             "data.train_files=[]",
@@ -132,28 +136,57 @@ async def test_finished_sessions_reach_the_queue_with_the_ids_the_gateway_record
     _wait_name_free(namespace)
 
 
-async def test_async_trainer_trains_on_gateway_sessions_only(trainer, root):
-    fit = asyncio.create_task(trainer.fit())
-    deadline = time.monotonic() + 60
-    while True:  # fit creates the queue under the sink's name
-        try:
-            ray.get_actor(QUEUE, namespace=trainer.cfg.ray.namespace)
-            break
-        except ValueError:
-            assert time.monotonic() < deadline and not fit.done()
-            await asyncio.sleep(0.2)
+async def _sink_stats(trainer) -> dict[str, int]:
+    handle = serve.get_deployment_handle(GATEWAY_DEPLOYMENT_NAME, trainer.cfg.gateway.app_name)
+    return await handle.sink_stats.remote()
+
+
+async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once(
+    trainer, root, record_property
+):
+    ledger = Ledger("gateway queue sink unreachable while sessions finish")
     sessions = {f"t{g}-{k}": (f"tg-{g}", float(k)) for g in range(2) for k in range(2)}
-    await asyncio.gather(*(_session(root, sid, group) for sid, (group, _) in sessions.items()))
+    early = [sid for sid in sessions if sid.startswith("t0-")]
+    before = await _sink_stats(trainer)  # the first test's sessions are counted there
     async with httpx.AsyncClient(base_url=root, timeout=60) as http:
-        for sid, (_, reward) in sessions.items():
-            await _finish(http, sid, reward)
+        # No queue actor under the sink's name yet (the trainer creates it in `fit`).
+        await asyncio.gather(*(_session(root, sid, sessions[sid][0]) for sid in early))
+        for sid in early:
+            await _finish(http, sid, sessions[sid][1])
+        held = await _sink_stats(trainer)
+        assert held["held"] == 2 and held["held_on_disk"] == 1, held
+        assert held["sent"] == before["sent"], held
+
+        outage_over = time.monotonic()
+        fit = asyncio.create_task(trainer.fit())
+        deadline = time.monotonic() + 60
+        while True:  # fit creates the queue under the sink's name
+            try:
+                ray.get_actor(QUEUE, namespace=trainer.cfg.ray.namespace)
+                break
+            except ValueError:
+                assert time.monotonic() < deadline and not fit.done()
+                await asyncio.sleep(0.2)
+        late = [sid for sid in sessions if sid not in early]
+        await asyncio.gather(*(_session(root, sid, sessions[sid][0]) for sid in late))
+        for sid in late:  # the first delivery sends the held sessions first
+            await _finish(http, sid, sessions[sid][1])
         history = await asyncio.wait_for(fit, 420)
-        assert len(history) == 2
+        ledger.seconds_to_recover_or_stop = time.monotonic() - outage_over
+        ledger.add_run(history)
+        ledger.completed = len(history) == 2
+        trained = int(sum(h["trainer/episodes"] for h in history))
+        ledger.rows_lost = len(set(sessions) - trainer.trained_episodes)
+        ledger.rows_duplicated = trained - len(trainer.trained_episodes)
+        ledger.record(record_property)
         assert trainer.trained_episodes == set(sessions)
         assert [h["trainer/episodes"] for h in history] == [2.0, 2.0]
         assert all(h["rollout/external_episodes"] == 2 for h in history)
         assert all(h["reward/score/mean"] == 0.5 for h in history)
         assert history[-1]["async/external_episodes"] == 4
+        delivered = await _sink_stats(trainer)
+        assert delivered["held"] == 0 and delivered["sent"] == before["sent"] + 4, delivered
+        assert delivered["spilled"] == before["spilled"] + 1, delivered
         # The pushed weights serve the next call: its tokens carry version 2.
         await _session(root, "after", None, turns=1)
         (sample,) = (await http.get("/v1/sessions/after")).json()["samples"]
