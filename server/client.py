@@ -6,12 +6,9 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-import ray
-import torch
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
@@ -337,15 +334,6 @@ class ServerClient:
     async def resume(self) -> None:
         """Resume every replica."""
         await self._broadcast("resume", skip_dead=True)
-
-    async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
-    ) -> None:
-        """Load new weights on every replica as ``version`` (pause → load → reset prefix
-        cache → resume); the tensors go into the object store once, each replica fetches
-        them."""
-        weights = ray.put([(n, t.detach().cpu()) for n, t in named_tensors])
-        await self.swap_weights("object_store", [weights], version)
 
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache", skip_dead=True)

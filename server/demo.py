@@ -18,6 +18,7 @@ from rich.table import Table
 
 from agentrl.core.types import SamplingParams
 from agentrl.server.client import ServerClient
+from agentrl.weight_sync import ObjectStoreSync
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,8 @@ async def run_serving_demo(
     replicas = await client.stats()
     new_version = max(r["weight_version"] for r in replicas) + 1
     console.print(f"Broadcasting a weight update as version {new_version} to every replica...")
-    await client.update_weights(
-        await asyncio.to_thread(_checkpoint_weights, model_path), new_version
-    )
+    weights = await asyncio.to_thread(_checkpoint_weights, model_path)
+    await ObjectStoreSync(client).push(weights, new_version)
     check = await client.generate("demo-after-update", [tokenizer.eos_token_id], sampling)
     console.print(
         f"versions after update: {sorted({v for v in check.token_versions})} "

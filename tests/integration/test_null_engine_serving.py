@@ -18,6 +18,7 @@ from agentrl.server.client import ServerClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.null_engine import NULL_LOGPROB
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
+from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -59,7 +60,7 @@ async def test_pause_update_resume_reaches_every_null_replica(client):
     held = asyncio.create_task(client.generate("held", [5], SamplingParams()))
     await asyncio.sleep(0.3)
     assert not held.done()
-    await client.update_weights([("w", torch.zeros(2))], version=4)
+    await ObjectStoreSync(client).push([("w", torch.zeros(2))], version=4)
     await client.resume()
     out = await asyncio.wait_for(held, 30)
     assert out.token_versions == [4] * len(TOKENS)

@@ -102,7 +102,7 @@ async def test_update_weights_reaches_every_replica(client, tokenizer, hf_state)
     before = await client.generate(None, prompt, GREEDY)
     gen = torch.Generator().manual_seed(0)
     perturbed = [(n, t + 0.5 * torch.randn(t.shape, generator=gen)) for n, t in hf_state.items()]
-    await client.update_weights(perturbed, version=1)
+    await ObjectStoreSync(client).push(perturbed, version=1)
     stats = await client.stats()
     assert sorted(s["weight_version"] for s in stats) == [1, 1]
     outs = await asyncio.gather(*(client.generate(f"s-upd-{i}", prompt, GREEDY) for i in range(4)))
@@ -117,7 +117,7 @@ async def test_pause_keep_update_resume_versions_tokens_old_then_new(client, tok
     task = asyncio.create_task(client.generate("s-keep", _prompt(tokenizer, "Go"), long))
     await asyncio.sleep(0.3)
     await client.pause(PauseMode.KEEP)
-    await client.update_weights(list(hf_state.items()), version=2)
+    await ObjectStoreSync(client).push(list(hf_state.items()), version=2)
     await client.resume()
     out = await asyncio.wait_for(task, timeout=120)
     assert out.finish_reason == "length"
@@ -145,7 +145,7 @@ async def test_bad_request_gets_clear_error_and_replica_stays_up(
 async def test_bad_weight_update_is_rejected_everywhere(client, hf_state):
     name = next(iter(hf_state))
     with pytest.raises(RolloutError, match="shape"):
-        await client.update_weights([(name, torch.zeros(2, 2))], version=99)
+        await ObjectStoreSync(client).push([(name, torch.zeros(2, 2))], version=99)
     assert all(s["weight_version"] == 2 for s in await client.stats())
 
 
