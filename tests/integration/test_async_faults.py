@@ -324,7 +324,11 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
         "rollout.agent_name=agentrl.testing.loops:CodeToolLoop",
         f"rollout.tool_config_path={tools}",
         "rollout.tool_timeout_s=30",
+        "rollout.tools_prompt_template='Tools: {tools}'",
+        "rollout.max_response_length=48",  # room for the tool's answer and a last turn
         f"data.train_files=[{rows}]",
+        "data.max_prompt_length=512",  # the tool's schema is in the prompt
+        "server.engine.max_model_len=1024",
     ]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)

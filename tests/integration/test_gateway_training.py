@@ -186,7 +186,9 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
         assert history[-1]["async/external_episodes"] == 4
         delivered = await _sink_stats(trainer)
         assert delivered["held"] == 0 and delivered["sent"] == before["sent"] + 4, delivered
-        assert delivered["spilled"] == before["spilled"] + 1, delivered
+        # t0-1 went to disk; a late session may follow it there if it finished before the
+        # gateway's next sweep delivered the held ones (order is kept either way).
+        assert delivered["spilled"] >= before["spilled"] + 1, delivered
         # The pushed weights serve the next call: its tokens carry version 2.
         await _session(root, "after", None, turns=1)
         (sample,) = (await http.get("/v1/sessions/after")).json()["samples"]
