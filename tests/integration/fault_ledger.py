@@ -4,9 +4,21 @@ record it (the ``fault`` property) for ``bench/fault_tolerance.py``."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 
 from agentrl.trainer.async_trainer import AsyncTrainer
+
+MULTI_TURN = "rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop"
+FULL_RUNS_ENV = "AGENTRL_FAULT_RUNS"
+FULL_RUNS = os.environ.get(FULL_RUNS_ENV) == "full"
+"""Set by ``bench/fault_tolerance.py``: every fault's run has 2 rollout replicas and
+multi-turn loops, as the fault suite specifies. The default test suite runs the cheaper
+shape (1 replica where a fault does not need 2) for its time budget."""
+REPLICAS = ["server.num_replicas=2"] if FULL_RUNS else []
+"""Overrides for a fault run whose agent loop is fixed by the test."""
+RUN_SHAPE = [*REPLICAS, MULTI_TURN] if FULL_RUNS else []
+"""Overrides for a fault run of the toy task's loops."""
 
 
 @dataclass

@@ -4,7 +4,8 @@ run, a failing producer. Each run either completes or stops at once with an erro
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
 Each test records its fault's ledger as the ``fault`` property; ``bench/fault_tolerance.py``
-runs this module and tabulates them. The ``long_fault`` tests (two runs each, or a
+runs this module (every run with 2 replicas and multi-turn loops: ``fault_ledger.FULL_RUNS``)
+and tabulates them. The ``long_fault`` tests (two runs each, or a
 multi-replica restart) stay out of the default suite for its time budget; the bench runs
 them.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from fault_ledger import Ledger
+from fault_ledger import MULTI_TURN, REPLICAS, RUN_SHAPE, Ledger
 from ray import serve
 from toy_task import toy_config
 
@@ -34,7 +35,6 @@ from agentrl.trainer.trainer import Trainer
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 ASYNC = ["trainer.max_staleness=1", "rollout.max_response_length=16"]
-MULTI_TURN = "rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop"
 SANDBOX_TOOLS = """
 tools:
   - class_name: agentrl.tools.code_interpreter.CodeInterpreterTool
@@ -124,7 +124,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
 ):
     ledger = Ledger("trainer stopped, then resumed")
     tmp = tmp_path_factory.mktemp("resume")
-    first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=ASYNC))
+    first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=[*ASYNC, *RUN_SHAPE]))
     first.setup()
     try:
         ledger.add_run(await first.fit())
@@ -134,7 +134,8 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     assert untrained, "the producer ran ahead: some rows were started and not trained"
 
     probe = ["trainer.old_log_probs=rollout", "trainer.mismatch_probe_every=1"]
-    second = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=[*ASYNC, *probe]))
+    extra = [*ASYNC, *RUN_SHAPE, *probe]
+    second = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     started = time.monotonic()
     second.setup()
     resumed_from = second._feed.state_dict()
@@ -173,7 +174,7 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     ledger = Ledger("agent-loop worker killed mid-step")
     tmp = tmp_path_factory.mktemp("kill_worker")
     steps = 4
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=[*ASYNC, MULTI_TURN])
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=[*ASYNC, *RUN_SHAPE, MULTI_TURN])
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
@@ -321,6 +322,7 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
     steps = 4
     extra = [
         *ASYNC,
+        *REPLICAS,
         "rollout.agent_name=agentrl.testing.loops:CodeToolLoop",
         f"rollout.tool_config_path={tools}",
         "rollout.tool_timeout_s=30",
@@ -363,7 +365,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
 ):
     ledger = Ledger("FSDP rank killed, then resumed")
     tmp = tmp_path_factory.mktemp("kill_rank")
-    extra = [*ASYNC, "trainer.save_every=1"]
+    extra = [*ASYNC, *RUN_SHAPE, "trainer.save_every=1"]
     trainer = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     trainer.setup()
     try:

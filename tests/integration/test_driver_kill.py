@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from fault_ledger import Ledger
+from fault_ledger import RUN_SHAPE, Ledger
 from toy_task import toy_overrides
 
 from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
@@ -70,7 +70,7 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
         tiny_checkpoint,
         tmp_path,
         STEPS,
-        ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781"],
+        ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781", *RUN_SHAPE],
     )
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
