@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -89,6 +90,23 @@ async def _when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> Non
     while trainer.step < step and not fit.done():
         await asyncio.sleep(0.05)
     assert not fit.done(), fit
+
+
+async def _fit_and_kill(
+    trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]]
+) -> tuple[list[dict[str, float]], float]:
+    """Fit ``trainer`` (set up) and SIGKILL the first process ``find_pids`` names once
+    step ``at_step`` is reached (waiting for one to exist); the run's history and the
+    seconds from the kill to its end."""
+    fit = asyncio.create_task(trainer.fit())
+    await _when_step(trainer, fit, at_step)
+    async with asyncio.timeout(120):
+        while not (pids := find_pids()):
+            await asyncio.sleep(0.05)
+    killed_at = time.monotonic()
+    os.kill(pids[0], signal.SIGKILL)
+    history = await asyncio.wait_for(fit, 600)
+    return history, time.monotonic() - killed_at
 
 
 def _record_rows_handed_out(trainer: AsyncTrainer) -> list[tuple[int, dict]]:
@@ -178,13 +196,9 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
-        fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 1)
-        (pid,) = _pids("ray::AgentLoopWorker")
-        killed_at = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        history = await asyncio.wait_for(fit, 600)
-        ledger.seconds_to_recover_or_stop = time.monotonic() - killed_at
+        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(
+            trainer, 1, lambda: _pids("ray::AgentLoopWorker")
+        )
     finally:
         trainer.shutdown()
     ledger.record_completed_run(history, steps, trainer, record_property)
@@ -211,12 +225,9 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
-        fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 2)
-        killed_at = time.monotonic()
-        os.kill(_pids("ray::ServeReplica:rollout:")[0], signal.SIGKILL)
-        history = await asyncio.wait_for(fit, 600)
-        ledger.seconds_to_recover_or_stop = time.monotonic() - killed_at
+        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(
+            trainer, 2, lambda: _pids("ray::ServeReplica:rollout:")
+        )
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
         trainer.shutdown()
@@ -336,15 +347,7 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
-        fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 1)
-        async with asyncio.timeout(120):
-            while not (running := _sandbox_pids()):
-                await asyncio.sleep(0.05)
-        killed_at = time.monotonic()
-        os.kill(running[0], signal.SIGKILL)
-        history = await asyncio.wait_for(fit, 600)
-        ledger.seconds_to_recover_or_stop = time.monotonic() - killed_at
+        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(trainer, 1, _sandbox_pids)
     finally:
         trainer.shutdown()
     ledger.record_completed_run(history, steps, trainer, record_property)
