@@ -125,6 +125,22 @@ class AgentRLConfig(Section):
         )
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _actor_gather_bucket_knob_is_gone(cls, data: Any) -> Any:
+        """``workers.actor.weight_sync_bucket_mb`` (removed) is ignored with a warning:
+        ``weight_sync.bucket_mb`` sizes the gathered buckets too."""
+        workers = data.get("workers") if isinstance(data, dict) else None
+        actor = workers.get("actor") if isinstance(workers, dict) else None
+        if not isinstance(actor, dict) or "weight_sync_bucket_mb" not in actor:
+            return data
+        actor = {k: v for k, v in actor.items() if k != "weight_sync_bucket_mb"}
+        logger.warning(
+            "workers.actor.weight_sync_bucket_mb is ignored: weight_sync.bucket_mb sizes the "
+            "buckets rank 0 gathers as well as those it pushes"
+        )
+        return {**data, "workers": {**workers, "actor": actor}}
+
     @model_validator(mode="after")
     def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
         """Gateway tool settings left unset take the rollout's (one setting, one rule)."""

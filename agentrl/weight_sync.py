@@ -138,7 +138,9 @@ def bucketize(
 class WeightSource(Protocol):
     """Where a trainer's full weights come from (``ActorGroup``)."""
 
-    def named_weights(self) -> Iterator[NamedTensor]: ...
+    def named_weights(self, bucket_bytes: int) -> Iterator[NamedTensor]:
+        """The full weights, gathered in buckets of about ``bucket_bytes``."""
+        ...
 
 
 class WeightSync(ABC):
@@ -152,10 +154,9 @@ class WeightSync(ABC):
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         """Make every replica serve ``named_tensors`` as policy ``version``."""
 
+    @abstractmethod
     async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
-        """Push ``source``'s weights; by default they are gathered into this process first."""
-        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights()))
-        return await self.push(named_tensors, version)
+        """Push ``source``'s weights (a trainer's actor) as ``version``."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing
         """Release what the strategy holds (process groups); pushing again reopens them."""
@@ -175,6 +176,13 @@ class ObjectStoreSync(WeightSync):
         self._client = client
         self._bucket_bytes = bucket_bytes
         self._pause_mode = PauseMode(pause_mode)
+
+    async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
+        """Gather ``source``'s weights into this process in buckets of ``bucket_bytes``
+        (``weight_sync.bucket_mb``), then ``push`` them."""
+        bucket_bytes = self._bucket_bytes
+        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights(bucket_bytes)))
+        return await self.push(named_tensors, version)
 
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         start = time.perf_counter()

@@ -66,8 +66,9 @@ class WeightSyncConfig(Section):
     bucket_mb: float = Field(
         256.0,
         gt=0,
-        description="Bucket size of a weight push (object store or broadcast); a decoder "
-        "layer is never split.",
+        description="Bucket size of a weight push (object store or broadcast), and of the "
+        "chunks in which the actor's rank 0 hands the gathered weights over; a decoder layer "
+        "is never split.",
     )
     join_timeout_s: float = Field(
         60.0,

@@ -125,13 +125,6 @@ class ActorConfig(_TrainableSection):
         description="Token budget of one forward in compute_log_prob (no activations kept, "
         "so it can be larger); None = max_tokens_per_micro_batch.",
     )
-    weight_sync_bucket_mb: float = Field(
-        512.0,
-        gt=0,
-        description="Size of one chunk of the gathered weights that rank 0 streams to the "
-        "driver (whole decoder layers, as weight_sync.bucket_mb); weight_sync.bucket_mb sizes "
-        "the buckets pushed on to the replicas.",
-    )
 
 
 class ReferenceConfig(_WorkerSection):

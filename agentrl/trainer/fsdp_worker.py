@@ -143,15 +143,15 @@ class ActorWorker(ReferenceWorker):
             logger.info("exported policy at step %d to %s", self.step, path)
         dist.barrier()
 
-    def weight_buckets(self, bucket_mb: float | None = None) -> Iterator[list[tuple[str, Tensor]]]:
-        """Rank 0 yields the full weights as ``(HF name, CPU tensor)`` buckets; others none.
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+        """Rank 0 yields the full weights as ``(HF name, CPU tensor)`` buckets of about
+        ``bucket_bytes`` (whole decoder layers); other ranks none.
 
         Collective: every rank must run it (as a Ray streaming generator).
         """
         state = full_state_dict(self.model)
         if self.rank != 0:
             return
-        bucket_bytes = int((bucket_mb or self.config.weight_sync_bucket_mb) * 2**20)
         yield from bucketize(to_hf_state_dict(state, self.config.lora).items(), bucket_bytes)
 
     # -- collective weight sync: rank 0 is the root of the weight-broadcast group ------

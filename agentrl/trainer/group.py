@@ -8,7 +8,7 @@ results; the role groups below shard batches across ranks (balanced by tokens, s
     old = actor.compute_log_prob(batch)["log_probs"]
     metrics = actor.update_actor(batch | {"old_log_probs": old, ...}, loss_fn)
     for bucket in actor.iter_weight_buckets():
-        ...  # (name, tensor) pairs with HF names, e.g. for ServerClient.update_weights
+        ...  # (name, tensor) pairs with HF names, e.g. for ObjectStoreSync.push
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ from agentrl.trainer.micro_batch import PolicyLossFn, ValueLossFn
 from agentrl.weight_sync import BroadcastSender
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 512 * 2**20
+"""Gathered weights travel from rank 0 in buckets of about this size unless the caller (a
+``WeightSync``, with ``weight_sync.bucket_mb``) asks for another."""
 
 
 class WorkerGroupError(RuntimeError):
@@ -193,11 +197,13 @@ class ActorGroup(ReferenceGroup):
         self.call("export_hf", path)
 
     def iter_weight_buckets(
-        self, bucket_mb: float | None = None
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
     ) -> Iterator[list[tuple[str, Tensor]]]:
-        """The full weights as buckets of ``(HF name, CPU tensor)``, gathered on rank 0."""
+        """The full weights as buckets of ``(HF name, CPU tensor)``, gathered on rank 0 and
+        streamed to this process a bucket at a time."""
         streams = [
-            a.weight_buckets.options(num_returns="streaming").remote(bucket_mb) for a in self.actors
+            a.weight_buckets.options(num_returns="streaming").remote(bucket_bytes)
+            for a in self.actors
         ]
         for ref in streams[0]:
             yield ray.get(ref)
@@ -205,9 +211,12 @@ class ActorGroup(ReferenceGroup):
             for ref in stream:
                 ray.get(ref)
 
-    def named_weights(self, bucket_mb: float | None = None) -> Iterator[tuple[str, Tensor]]:
-        """The full weights as one stream of ``(HF name, CPU tensor)`` pairs."""
-        for bucket in self.iter_weight_buckets(bucket_mb):
+    def named_weights(
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> Iterator[tuple[str, Tensor]]:
+        """The full weights as one stream of ``(HF name, CPU tensor)`` pairs, gathered in
+        buckets of about ``bucket_bytes``."""
+        for bucket in self.iter_weight_buckets(bucket_bytes):
             yield from bucket
 
     def weight_sender(self) -> BroadcastSender:

@@ -115,6 +115,8 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     # the resumed run's at the end.
     dropped = [lineage[step].get("async/dropped_stale", 0) for step in (resumed_at, STEPS)]
     ledger.episodes_dropped_stale = int(sum(dropped))
+    generated = [lineage[step].get("async/episodes_in", 0) for step in (resumed_at, STEPS)]
+    ledger.episodes_generated = int(sum(generated))
 
     # Every row handed out by the end is trained or dropped once, or still pending: the
     # groups the two runs' lineage trained and dropped account for every one.

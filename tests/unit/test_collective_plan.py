@@ -256,3 +256,11 @@ async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
         await sync.push(_weights(), version=2)
     assert time.perf_counter() - start < 15  # rank 0's broadcast times out (timeout_s)
     assert sync._group is None
+
+
+def test_the_removed_actor_gather_bucket_knob_is_ignored_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="agentrl.config"):
+        cfg = load_config(None, ["workers.actor.weight_sync_bucket_mb=64"])
+    assert "weight_sync_bucket_mb" not in cfg.workers.actor.model_dump()
+    assert cfg.weight_sync.bucket_mb == WeightSyncConfig().bucket_mb
+    assert any("weight_sync_bucket_mb is ignored" in r.getMessage() for r in caplog.records)
