@@ -135,6 +135,11 @@ def bucketize(
         yield bucket
 
 
+DEFAULT_BUCKET_BYTES = 512 * 1024**2
+"""Bucket size of a weight push, and of the chunks in which a ``WeightSource`` hands its
+gathered weights over, where the caller gives none (``weight_sync.bucket_mb`` does)."""
+
+
 class WeightSource(Protocol):
     """Where a trainer's full weights come from (``ActorGroup``)."""
 
@@ -170,7 +175,7 @@ class ObjectStoreSync(WeightSync):
     def __init__(
         self,
         client: ServerClient,
-        bucket_bytes: int = 512 * 1024**2,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         pause_mode: PauseMode | str = PauseMode.KEEP,
     ) -> None:
         self._client = client
@@ -370,7 +375,7 @@ class CollectiveBroadcastSync(WeightSync):
         self,
         client: ServerClient,
         backend: str = "gloo",
-        bucket_bytes: int = 512 * 1024**2,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         pause_mode: PauseMode | str = PauseMode.KEEP,
         join_timeout_s: float = 60.0,
         timeout_s: float = 600.0,

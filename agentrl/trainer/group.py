@@ -34,13 +34,9 @@ from agentrl.trainer.dispatch import (
 )
 from agentrl.trainer.fsdp_worker import ActorWorker, CriticWorker, ReferenceWorker
 from agentrl.trainer.micro_batch import PolicyLossFn, ValueLossFn
-from agentrl.weight_sync import BroadcastSender
+from agentrl.weight_sync import DEFAULT_BUCKET_BYTES, BroadcastSender
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BUCKET_BYTES = 512 * 2**20
-"""Gathered weights travel from rank 0 in buckets of about this size unless the caller (a
-``WeightSync``, with ``weight_sync.bucket_mb``) asks for another."""
 
 
 class WorkerGroupError(RuntimeError):
