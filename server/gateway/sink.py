@@ -124,7 +124,7 @@ class SessionSpool:
     def append(self, item: HeldSession) -> None:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix=self._prefix))
-        path = self._dir / f"{self._tail:012d}.pkl"
+        path = self._path(self._tail)
         partial = path.with_suffix(".partial")
         partial.write_bytes(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
         os.replace(partial, path)  # a file is either complete or absent
@@ -134,7 +134,7 @@ class SessionSpool:
         """The oldest session (``IndexError`` when empty)."""
         if not len(self):
             raise IndexError("the spool is empty")
-        return pickle.loads((self._path(self._head)).read_bytes())
+        return pickle.loads(self._path(self._head).read_bytes())
 
     def pop(self) -> None:
         """Forget the oldest session (delivered)."""
