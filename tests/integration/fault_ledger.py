@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from code_task import code_tool_overrides
 
 from agentrl.trainer.async_trainer import AsyncTrainer
 
@@ -13,12 +16,17 @@ MULTI_TURN = "rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop"
 FULL_RUNS_ENV = "AGENTRL_FAULT_RUNS"
 FULL_RUNS = os.environ.get(FULL_RUNS_ENV) == "full"
 """Set by ``bench/fault_tolerance.py``: every fault's run has 2 rollout replicas and
-multi-turn loops, as the fault suite specifies. The default test suite runs the cheaper
-shape (1 replica where a fault does not need 2) for its time budget."""
+multi-turn tool loops (one real sandbox call per episode), as the fault suite specifies.
+The default test suite runs the cheaper shape (1 replica where a fault does not need 2,
+the loop the test names) for its time budget."""
 REPLICAS = ["server.num_replicas=2"] if FULL_RUNS else []
-"""Overrides for a fault run whose agent loop is fixed by the test."""
-RUN_SHAPE = [*REPLICAS, MULTI_TURN] if FULL_RUNS else []
-"""Overrides for a fault run of the toy task's loops."""
+"""Overrides for a fault run of the sandbox fault (its own tool loop and rows)."""
+
+
+def run_shape(tmp: Path) -> list[str]:
+    """Overrides, after a test's own, that give a fault run the bench's shape: 2 replicas
+    and ``CodeToolLoop`` on code rows written under ``tmp`` (nothing in the default suite)."""
+    return [*REPLICAS, *code_tool_overrides(tmp)] if FULL_RUNS else []
 
 
 @dataclass

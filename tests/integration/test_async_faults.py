@@ -4,26 +4,25 @@ run, a failing producer. Each run either completes or stops at once with an erro
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
 Each test records its fault's ledger as the ``fault`` property; ``bench/fault_tolerance.py``
-runs this module (every run with 2 replicas and multi-turn loops: ``fault_ledger.FULL_RUNS``)
-and tabulates them. The ``long_fault`` tests (two runs each, or a
-multi-replica restart) stay out of the default suite for its time budget; the bench runs
-them.
+runs this module, every run with 2 replicas and multi-turn tool loops
+(``fault_ledger.FULL_RUNS``), and tabulates them. The ``long_fault`` tests (two runs each,
+or a multi-replica restart) stay out of the default suite for its time budget; the bench
+runs them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 import pytest
 import ray
-from fault_ledger import MULTI_TURN, REPLICAS, RUN_SHAPE, Ledger
+from code_task import code_tool_overrides
+from fault_ledger import MULTI_TURN, REPLICAS, Ledger, run_shape
 from ray import serve
 from toy_task import toy_config
 
@@ -36,11 +35,6 @@ from agentrl.trainer.trainer import Trainer
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 ASYNC = ["trainer.max_staleness=1", "rollout.max_response_length=16"]
-SANDBOX_TOOLS = """
-tools:
-  - class_name: agentrl.tools.code_interpreter.CodeInterpreterTool
-    config: {wall_time_s: 3, cpu_time_s: 3, max_concurrency: 4}
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -142,7 +136,8 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
 ):
     ledger = Ledger("trainer stopped, then resumed")
     tmp = tmp_path_factory.mktemp("resume")
-    first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=[*ASYNC, *RUN_SHAPE]))
+    shape = run_shape(tmp)
+    first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=[*ASYNC, *shape]))
     first.setup()
     try:
         ledger.add_run(await first.fit())
@@ -152,7 +147,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     assert untrained, "the producer ran ahead: some rows were started and not trained"
 
     probe = ["trainer.old_log_probs=rollout", "trainer.mismatch_probe_every=1"]
-    extra = [*ASYNC, *RUN_SHAPE, *probe]
+    extra = [*ASYNC, *shape, *probe]
     second = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     started = time.monotonic()
     second.setup()
@@ -192,7 +187,7 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     ledger = Ledger("agent-loop worker killed mid-step")
     tmp = tmp_path_factory.mktemp("kill_worker")
     steps = 4
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=[*ASYNC, *RUN_SHAPE, MULTI_TURN])
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=[*ASYNC, MULTI_TURN, *run_shape(tmp)])
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
@@ -220,7 +215,7 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
     ledger = Ledger("rollout replica killed mid-step")
     tmp = tmp_path_factory.mktemp("kill_replica")
     steps = 4
-    extra = [*ASYNC, MULTI_TURN, "server.num_replicas=2"]
+    extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2"]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
@@ -255,6 +250,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     extra = [
         *ASYNC,
         MULTI_TURN,
+        *run_shape(tmp),
         "server.num_replicas=2",
         "server.engine.weight_swap=inplace",
         "plugins=[agentrl.testing.faults]",
@@ -294,21 +290,6 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     assert max(h["async/staleness/max"] for h in history) <= 1
 
 
-def _code_rows(path: Path, count: int) -> None:
-    """Toy rows whose episode runs ``extra_info["code"]`` in the sandbox: every fourth
-    row's code never ends (the wall-clock limit kills it), the others take a second."""
-    with path.open("w") as f:
-        for i in range(count):
-            code = "import time\ntime.sleep(3600)" if i % 4 == 3 else "import time\ntime.sleep(1)"
-            row = {
-                "prompt": [{"role": "user", "content": f"Run the code of row {i}."}],
-                "data_source": "toy",
-                "reward_model": {"ground_truth": "", "style": "rule"},
-                "extra_info": {"code": f"{code}\nprint({i})"},
-            }
-            f.write(json.dumps(row) + "\n")
-
-
 def _sandbox_pids() -> list[int]:
     """This test's sandboxed interpreters (the code-interpreter's, not a wrapper's)."""
     from agentrl.tools.sandbox import _BOOT
@@ -327,22 +308,9 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
 ):
     ledger = Ledger("sandbox processes hung (wall-clock limit) and one killed")
     tmp = tmp_path_factory.mktemp("sandbox")
-    rows, tools = tmp / "code.jsonl", tmp / "tools.yaml"
-    _code_rows(rows, 32)
-    tools.write_text(SANDBOX_TOOLS)
     steps = 4
-    extra = [
-        *ASYNC,
-        *REPLICAS,
-        "rollout.agent_name=agentrl.testing.loops:CodeToolLoop",
-        f"rollout.tool_config_path={tools}",
-        "rollout.tool_timeout_s=30",
-        "rollout.tools_prompt_template='Tools: {tools}'",
-        "rollout.max_response_length=48",  # room for the tool's answer and a last turn
-        f"data.train_files=[{rows}]",
-        "data.max_prompt_length=512",  # the tool's schema is in the prompt
-        "server.engine.max_model_len=1024",
-    ]
+    # Every fourth row's code never ends (the wall-clock limit kills it).
+    extra = [*ASYNC, *REPLICAS, *code_tool_overrides(tmp, hang_every=4)]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
@@ -368,7 +336,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
 ):
     ledger = Ledger("FSDP rank killed, then resumed")
     tmp = tmp_path_factory.mktemp("kill_rank")
-    extra = [*ASYNC, *RUN_SHAPE, "trainer.save_every=1"]
+    extra = [*ASYNC, *run_shape(tmp), "trainer.save_every=1"]
     trainer = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     trainer.setup()
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from fault_ledger import RUN_SHAPE, Ledger
+from fault_ledger import Ledger, run_shape
 from toy_task import toy_overrides
 
 from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
@@ -66,12 +66,8 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     tiny_checkpoint, tmp_path, record_property
 ):
     ledger = Ledger("driver killed (SIGKILL), `agentrl train` run again")
-    overrides = toy_overrides(
-        tiny_checkpoint,
-        tmp_path,
-        STEPS,
-        ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781", *RUN_SHAPE],
-    )
+    extra = ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781"]
+    overrides = toy_overrides(tiny_checkpoint, tmp_path, STEPS, [*extra, *run_shape(tmp_path)])
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
 
