@@ -11,6 +11,7 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
+from ray.serve._private.router import SharedRouterLongPollClient
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from tenacity import (
     AsyncRetrying,
@@ -307,6 +308,24 @@ class ServerClient:
             self._loop_handle = (loop, data.options(_by_reference=False))
         return self._loop_handle[1]
 
+    async def close(self) -> None:
+        """Stop the data path's routing on the running event loop; call it before that
+        loop ends (last thing in the coroutine ``asyncio.run`` runs).
+
+        The loop-bound handle listens there for Serve's replica updates. Left on a closed
+        loop, its listeners make Ray Serve log an ERROR (in this process and in the Serve
+        controller) at the next update, e.g. when the servers stop. Serve shares one
+        listener among the loop-bound handles of a loop, so this ends replica updates for
+        every client routing on it: close them when the loop ends, not before. The client
+        stays usable: a later call routes anew.
+        """
+        if self._loop_handle is None or self._loop_handle[0] is not asyncio.get_running_loop():
+            return
+        handle = self._loop_handle[1]
+        self._loop_handle = None
+        await handle.shutdown_async()
+        _stop_update_listeners(handle)
+
     async def _await(self, response: Any) -> Any:
         """Await a Serve response with the client timeout, unwrapping Ray's errors."""
         try:
@@ -404,6 +423,18 @@ class ServerClient:
                 died[0],
             )
         return answered
+
+
+def _stop_update_listeners(handle: DeploymentHandle) -> None:
+    """Stop the long-poll clients a loop-bound handle's router listens with (Ray Serve
+    internals, as ``_init(_run_router_in_separate_loop=False)`` is): its own, and the one
+    Serve shares among the routers of that loop."""
+    router = getattr(handle._router, "_asyncio_router", None)
+    if router is None:
+        return
+    router.long_poll_client.stop()
+    shared = SharedRouterLongPollClient.get_or_create(router._controller_handle, router._event_loop)
+    shared.long_poll_client.stop()
 
 
 class _Coalescer:

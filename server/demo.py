@@ -111,6 +111,7 @@ async def run_serving_demo(
     weights = await asyncio.to_thread(_checkpoint_weights, model_path)
     await ObjectStoreSync(client).push(weights, new_version)
     check = await client.generate("demo-after-update", [tokenizer.eos_token_id], sampling)
+    await client.close()  # the demo's loop ends here
     console.print(
         f"versions after update: {sorted({v for v in check.token_versions})} "
         f"(replicas: {sorted(r['weight_version'] for r in await client.stats())})"

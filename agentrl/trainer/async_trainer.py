@@ -95,6 +95,7 @@ class AsyncTrainer(Trainer):
                 await asyncio.gather(producer, return_exceptions=True)
             if queue_actor_name(cfg.gateway.sink) is not None:
                 ray.kill(queue)  # free the name for the next run in this Ray session
+            await self.client.close()  # the mismatch probe's routing on this loop
         self.save_checkpoint()
         return history
 

@@ -165,17 +165,20 @@ class Trainer:
                 "trainer (`agentrl train` without --sync)"
             )
         history = []
-        await self.serve_restored_weights()
-        await self._maybe_validate(force=True)
-        while self.step < self.cfg.trainer.total_steps:
-            metrics: dict[str, float] = {}
-            with timer(metrics, "step"):
-                await self.keep_replicas_current()
-                rows = self.loader.next_batch()
-                with timer(metrics, "gen"):
-                    episodes, row_of = await self.generate(rows)
-                metrics |= await self.train_on(episodes, row_of, metrics)
-            history.append(await self._finish_step(metrics))
+        try:
+            await self.serve_restored_weights()
+            await self._maybe_validate(force=True)
+            while self.step < self.cfg.trainer.total_steps:
+                metrics: dict[str, float] = {}
+                with timer(metrics, "step"):
+                    await self.keep_replicas_current()
+                    rows = self.loader.next_batch()
+                    with timer(metrics, "gen"):
+                        episodes, row_of = await self.generate(rows)
+                    metrics |= await self.train_on(episodes, row_of, metrics)
+                history.append(await self._finish_step(metrics))
+        finally:
+            await self.client.close()  # the mismatch probe's routing on this loop
         self.save_checkpoint()
         return history
 
