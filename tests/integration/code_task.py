@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from toy_task import toy_row
+
 SANDBOX_TOOLS = """
 tools:
   - class_name: agentrl.tools.code_interpreter.CodeInterpreterTool
@@ -27,13 +29,7 @@ def _write_code_rows(path: Path, count: int, hang_every: int | None) -> None:
             else:
                 code = HANGING_CODE if i % hang_every == hang_every - 1 else SLOW_CODE
                 code = f"{code}\nprint({i})"
-            row = {
-                "prompt": [{"role": "user", "content": f"Run the code of row {i}."}],
-                "data_source": "toy",
-                "reward_model": {"ground_truth": "", "style": "rule"},
-                "extra_info": {"code": code},
-            }
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(toy_row(f"Run the code of row {i}.", code=code)) + "\n")
 
 
 def code_tool_overrides(tmp: Path, hang_every: int | None = None) -> list[str]:

@@ -10,16 +10,21 @@ from agentrl.config import AgentRLConfig, load_config
 TOY_REWARD = Path(__file__).parent / "toy" / "reward.py"
 
 
+def toy_row(request: str, **extra_info: object) -> dict:
+    """A row of the toy task: one user message, the vowel reward, ``extra_info`` if any."""
+    row = {
+        "prompt": [{"role": "user", "content": request}],
+        "data_source": "toy",
+        "reward_model": {"ground_truth": "", "style": "rule"},
+    }
+    return {**row, "extra_info": extra_info} if extra_info else row
+
+
 def _write_rows(path: Path, count: int) -> None:
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
     with path.open("w") as f:
         for i in range(count):
-            row = {
-                "prompt": [{"role": "user", "content": f"Say something about {words[i % 8]}."}],
-                "data_source": "toy",
-                "reward_model": {"ground_truth": "", "style": "rule"},
-            }
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(toy_row(f"Say something about {words[i % 8]}.")) + "\n")
 
 
 def toy_config(
