@@ -73,8 +73,9 @@ async def _replica_versions_once_all_are_back(trainer: AsyncTrainer, count: int)
 
 
 def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) -> None:
-    """A batch episode the fault hit is counted as failed, or dropped as stale when the
-    replica that sampled it came back with old weights; none vanishes uncounted."""
+    """A batch episode the fault hit is counted as failed, or dropped as stale (more than
+    η versions behind once its group is complete: sampled by a replica that came back
+    with old weights, or held up by a restart); none vanishes uncounted."""
     batch = cfg.data.train_batch_size * cfg.rollout.n
     assert ledger.episodes_trained <= steps * batch
     counted = ledger.episodes_trained + ledger.episodes_failed + ledger.episodes_dropped_stale
@@ -207,7 +208,10 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     batch = cfg.data.train_batch_size * cfg.rollout.n
     assert ledger.episodes_failed == 0, ledger
     assert 1 <= ledger.episodes_retried <= (cfg.trainer.max_staleness + 1) * batch, ledger
-    assert [h["trainer/episodes"] for h in history] == [batch] * steps
+    # Every batch episode was trained, or dropped as stale: a rerun that waited for the
+    # restart and then for a sandbox slot (the bench's tool loop) can fall η + 1
+    # versions behind by the time its group is complete.
+    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
 
 
 @pytest.mark.long_fault
