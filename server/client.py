@@ -314,10 +314,10 @@ class ServerClient:
 
         The loop-bound handle listens there for Serve's replica updates. Left on a closed
         loop, its listeners make Ray Serve log an ERROR (in this process and in the Serve
-        controller) at the next update, e.g. when the servers stop. Serve shares one
-        listener among the loop-bound handles of a loop, so this ends replica updates for
-        every client routing on it: close them when the loop ends, not before. The client
-        stays usable: a later call routes anew.
+        controller) at the next update, e.g. when the servers stop. The listener Serve
+        shares among a loop's routers is stopped only when no other router uses it, so
+        other clients on a loop that goes on keep their replica updates. The client stays
+        usable: a later call routes anew.
         """
         if self._loop_handle is None or self._loop_handle[0] is not asyncio.get_running_loop():
             return
@@ -428,13 +428,14 @@ class ServerClient:
 def _stop_update_listeners(handle: DeploymentHandle) -> None:
     """Stop the long-poll clients a loop-bound handle's router listens with (Ray Serve
     internals, as ``_init(_run_router_in_separate_loop=False)`` is): its own, and the one
-    Serve shares among the routers of that loop."""
+    Serve shares among the routers of that loop when no other router is registered there."""
     router = getattr(handle._router, "_asyncio_router", None)
     if router is None:
         return
     router.long_poll_client.stop()
     shared = SharedRouterLongPollClient.get_or_create(router._controller_handle, router._event_loop)
-    shared.long_poll_client.stop()
+    if all(other is router for routers in shared.routers.values() for other in routers):
+        shared.long_poll_client.stop()
 
 
 class _Coalescer:
