@@ -155,13 +155,20 @@ class WeightSync(ABC):
     """The kind of ``WeightReceiver`` (``server/weight_receivers.py``) the replicas take
     this strategy's pushes with."""
 
+    _bucket_bytes: int
+    """Size bound of a bucket (``weight_sync.bucket_mb``), set by each strategy."""
+
     @abstractmethod
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         """Make every replica serve ``named_tensors`` as policy ``version``."""
 
-    @abstractmethod
     async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
-        """Push ``source``'s weights (a trainer's actor) as ``version``."""
+        """Push ``source``'s weights (a trainer's actor) as ``version``: gather them into
+        this process in buckets of ``bucket_bytes`` (``weight_sync.bucket_mb``), then
+        ``push`` them."""
+        bucket_bytes = self._bucket_bytes
+        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights(bucket_bytes)))
+        return await self.push(named_tensors, version)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing
         """Release what the strategy holds (process groups); pushing again reopens them."""
@@ -181,13 +188,6 @@ class ObjectStoreSync(WeightSync):
         self._client = client
         self._bucket_bytes = bucket_bytes
         self._pause_mode = PauseMode(pause_mode)
-
-    async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
-        """Gather ``source``'s weights into this process in buckets of ``bucket_bytes``
-        (``weight_sync.bucket_mb``), then ``push`` them."""
-        bucket_bytes = self._bucket_bytes
-        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights(bucket_bytes)))
-        return await self.push(named_tensors, version)
 
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
         start = time.perf_counter()

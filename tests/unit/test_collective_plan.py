@@ -242,6 +242,34 @@ async def test_every_worker_of_every_replica_receives_every_tensor(loopback):
     assert not replicas.groups
 
 
+class _GatheringSource:
+    """A weight source that can only hand its weights over (no ``weight_sender``)."""
+
+    def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.weights = weights
+        self.bucket_bytes: list[int] = []
+
+    def named_weights(self, bucket_bytes: int):
+        self.bucket_bytes.append(bucket_bytes)
+        yield from self.weights
+
+
+async def test_a_source_that_cannot_be_rank_0_is_gathered_here_and_broadcast(loopback):
+    replicas = _FakeReplicas({"r-0": 1})
+    sync = CollectiveBroadcastSync(replicas, bucket_bytes=200, join_timeout_s=10)  # type: ignore[arg-type]
+    source = _GatheringSource(_weights())
+
+    timings = await sync.push_from(source, version=3)
+
+    assert source.bucket_bytes == [200]
+    assert replicas.versions == {"r-0": 3}
+    got = replicas.received["r-0", 0]
+    assert list(got) == [n for n, _ in source.weights]
+    assert all(torch.equal(got[name], tensor) for name, tensor in source.weights)
+    assert timings.num_tensors == len(source.weights)
+    await sync.close()
+
+
 async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
     replicas = _FakeReplicas({"r-0": 1})
     sync = CollectiveBroadcastSync(replicas, join_timeout_s=10, timeout_s=2)  # type: ignore[arg-type]
