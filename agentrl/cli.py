@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import yaml
 from rich.logging import RichHandler
 
 from agentrl.config import (
@@ -29,7 +30,8 @@ logger = logging.getLogger("agentrl")
 CONFIG_HELP = "dotted overrides, e.g. server.num_replicas=2 model.path=/ckpt. All options:\n  "
 
 
-def _load(args: argparse.Namespace) -> AgentRLConfig:
+def _compose(args: argparse.Namespace) -> AgentRLConfig:
+    """The validated config of a command line: file, overrides, then the Ray address."""
     cfg = load_config(args.config, args.overrides)
     # Which Ray cluster: --address, else ray.address, else $RAY_ADDRESS (set by `ray job
     # submit` for its entrypoint), else a new local instance.
@@ -37,7 +39,17 @@ def _load(args: argparse.Namespace) -> AgentRLConfig:
         cfg.ray.address = args.address
     elif cfg.ray.address is None and os.environ.get("RAY_ADDRESS"):
         cfg.ray.address = os.environ["RAY_ADDRESS"]
-    return resolve_user_config(cfg)
+    return cfg
+
+
+def _load(args: argparse.Namespace) -> AgentRLConfig:
+    """``_compose`` ready to run: built-in models resolved, plugins imported."""
+    return resolve_user_config(_compose(args))
+
+
+def _config(args: argparse.Namespace) -> int:
+    print(yaml.safe_dump(_compose(args).model_dump(mode="json"), sort_keys=False), end="")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -79,6 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from agentrl.trainer.async_trainer import AsyncTrainer
+    from agentrl.trainer.resume import RunFinished
     from agentrl.trainer.trainer import Trainer
 
     cfg = _load(args)
@@ -86,7 +99,11 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
     trainer_cls = Trainer if args.sync else AsyncTrainer
     trainer = trainer_cls(cfg)
-    trainer.setup()
+    try:
+        trainer.setup()
+    except RunFinished as finished:  # raised before anything started: nothing to stop
+        logger.info("%s", finished)
+        return 0
     try:
         history = asyncio.run(trainer.fit())
     finally:
@@ -169,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     options = "\n  ".join(describe_config())
 
-    def config_command(name: str, help_text: str):
+    def config_command(name: str, help_text: str, description: str | None = None):
         command = commands.add_parser(
             name,
             help=help_text,
+            description=description,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=CONFIG_HELP + options,
         )
@@ -230,6 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--limit", type=int, help="only the first LIMIT rows")
     rollout.set_defaults(run=_rollout)
+
+    show = config_command(
+        "config",
+        "validate a config and print it with every default filled in (YAML); starts nothing",
+        description="Print the config that `agentrl train CONFIG [overrides]` would run, as "
+        "YAML, after validating every key and value; exits 2 naming what is wrong. Built-in "
+        "model names stay unresolved and plugins are not imported.",
+    )
+    show.set_defaults(run=_config)
 
     plot = commands.add_parser(
         "plot",

@@ -143,8 +143,14 @@ class AgentRLConfig(Section):
 
     @model_validator(mode="after")
     def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
-        """Gateway tool settings left unset take the rollout's (one setting, one rule)."""
-        for name in ("tools_in_system_prompt", "tools_prompt_template"):
+        """Gateway tool and parser settings left unset take the rollout's (one setting,
+        one rule)."""
+        for name in (
+            "tools_in_system_prompt",
+            "tools_prompt_template",
+            "tool_parser",
+            "reasoning_parser",
+        ):
             if name not in self.gateway.model_fields_set:
                 setattr(self.gateway, name, getattr(self.rollout, name))
         return self
@@ -192,16 +198,26 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None
 ) -> AgentRLConfig:
-    """Load ``path`` (YAML; None = all defaults), apply dotted overrides, validate."""
+    """Load ``path`` (YAML; None = all defaults), apply dotted overrides, validate.
+
+    A config loaded from a file that sets no ``trainer.run_dir`` runs in
+    ``runs/<file name without .yaml>``, so runs of different config files never share a
+    run directory (nor resume each other's checkpoints).
+    """
     tree: dict[str, Any] = {}
     if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"config file {path} not found")
         text = Path(path).read_text()
         loaded = yaml.safe_load(text)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
         tree = loaded or {}
     tree = apply_overrides(tree, overrides or [])
-    return AgentRLConfig.model_validate(tree)
+    cfg = AgentRLConfig.model_validate(tree)
+    if path is not None and "run_dir" not in cfg.trainer.model_fields_set:
+        cfg.trainer.run_dir = f"runs/{Path(path).stem}"
+    return cfg
 
 
 def resolve_user_config(cfg: AgentRLConfig) -> AgentRLConfig:

@@ -151,7 +151,10 @@ class WorkersConfig(Section):
 class TrainerConfig(Section):
     total_steps: int = Field(20, ge=1, description="Training steps (policy updates).")
     run_dir: str = Field(
-        "runs/latest", description="Run directory: config, metrics, checkpoints, samples."
+        "runs/latest",
+        description="Run directory: config, metrics, checkpoints, samples. Unset, a config "
+        "loaded from a file runs in runs/<file name without .yaml> (recipes/x/cpu.yaml: "
+        "runs/cpu).",
     )
     val_every: int = Field(
         0, ge=0, description="Validate every N steps (and before the first); 0 = never."
@@ -159,7 +162,19 @@ class TrainerConfig(Section):
     val_n: int = Field(1, ge=1, description="Samples per validation prompt (mean@k).")
     val_temperature: float = Field(0.0, ge=0, description="Validation sampling temperature.")
     save_every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 = only at the end.")
-    resume: bool = Field(True, description="Resume from the run directory's last checkpoint.")
+    resume: bool = Field(
+        True,
+        description="Resume from the run directory's last checkpoint. A run whose last "
+        "checkpoint is at total_steps is finished: it stops with a message (raise "
+        "total_steps to train further).",
+    )
+    resume_mismatch: Literal["error", "allow"] = Field(
+        "error",
+        description="Resuming a run directory whose run had another model, tokenizer, "
+        "train data, advantage estimator, policy loss, agent loop, reward function or LoRA "
+        "rank: `error` stops and names the differing keys; `allow` resumes its checkpoint "
+        "with the new settings.",
+    )
     old_log_probs: Literal["recompute", "rollout"] = Field(
         "recompute",
         description="Behaviour log-probs for the PPO ratio: recomputed by the actor before "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,10 +31,10 @@ from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.batch import Sample, build_batch
-from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
 from agentrl.trainer.dispatch import Batch
 from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
 from agentrl.trainer.losses import make_actor_loss, make_critic_loss
+from agentrl.trainer.resume import CONFIG_FILE, check_resume
 from agentrl.trainer.samples import write_samples
 from agentrl.trainer.steps import (
     add_advantages,
@@ -80,10 +79,18 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Start Ray, the rollout servers, the agent-loop and training workers."""
+        """Start Ray, the rollout servers, the agent-loop and training workers, and
+        restore the run directory's last checkpoint (``trainer.resume``).
+
+        Raises:
+            ResumeMismatch: the run directory holds another run's checkpoint.
+            RunFinished: its last checkpoint is at ``trainer.total_steps``.
+            Both before anything starts (``agentrl.trainer.resume``).
+        """
         self.cfg = cfg = resolve_user_config(self.cfg)
+        checkpoint = check_resume(cfg)  # before the run directory's config is replaced
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
         self.val_rows = (
             [r.to_dict() for r in build_dataset(cfg.data.val_files, cfg.data, self.tokenizer).rows]
@@ -125,8 +132,8 @@ class Trainer:
         self.tracker = MetricsLogger.from_config(
             self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
         )
-        if cfg.trainer.resume:
-            self._resume()
+        if checkpoint is not None:
+            self._resume(checkpoint)
 
     def _row_loader(self) -> RowLoader | None:
         """The training rows; None when only gateway sessions are trained on (async)."""
@@ -423,23 +430,11 @@ class Trainer:
         logger.info("saved checkpoint %s", path)
         return path
 
-    def _resume(self) -> None:
-        checkpoints = sorted(
-            (self.run_dir / "checkpoints").glob("step_*"),
-            key=lambda p: int(re.sub(r"\D", "", p.name) or 0),
-        )
-        # A run killed while saving leaves a checkpoint without its trainer state, which
-        # rank 0 writes last: resume from the newest complete one.
-        complete = [p for p in checkpoints if (p / TRAINER_STATE_FILE).is_file()]
-        for partial in sorted(set(checkpoints) - set(complete)):
-            logger.warning("ignoring incomplete checkpoint %s (the run died saving it)", partial)
-        checkpoints = complete
-        if not checkpoints:
-            return
-        extra = self.actor.load_checkpoint(str(checkpoints[-1]))
+    def _resume(self, checkpoint: Path) -> None:
+        extra = self.actor.load_checkpoint(str(checkpoint))
         self.step, self.version = extra["step"], extra["version"]
         self._load_data_state(extra)
-        logger.info("resumed from %s at step %d", checkpoints[-1], self.step)
+        logger.info("resumed from %s at step %d", checkpoint, self.step)
 
     def _data_state(self) -> dict[str, Any]:
         """The data position saved with a checkpoint."""

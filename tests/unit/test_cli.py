@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
+import yaml
 
 from agentrl.cli import build_parser, main, parse_args
 from agentrl.config import describe_config
@@ -17,7 +20,7 @@ from agentrl.testing.benchmarks import (
     run_benchmark,
 )
 
-COMMANDS = ("serve", "train", "eval", "rollout", "plot", "bench")
+COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "bench")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -36,7 +39,7 @@ def test_every_command_and_option_has_a_description():
             )
 
 
-@pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout"])
+@pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout", "config"])
 def test_config_commands_list_every_config_option_in_help(name):
     text = _subparsers(build_parser())[name].format_help()
     for line in describe_config():
@@ -147,3 +150,38 @@ def test_rollout_command_takes_out_split_and_limit():
     assert args.out == "trajectories.jsonl"
     with pytest.raises(SystemExit):
         parse_args(["rollout", "run.yaml", "--split", "test"])
+
+
+def test_config_prints_the_resolved_config_without_importing_ray(tmp_path):
+    (tmp_path / "run.yaml").write_text("model:\n  path: /models/a\nrollout:\n  n: 4\n")
+    script = (
+        "import sys; from agentrl.cli import main; code = main(sys.argv[1:]); "
+        "print('ray imported' if 'ray' in sys.modules else 'no ray', file=sys.stderr); "
+        "sys.exit(code)"
+    )
+    argv = ["config", str(tmp_path / "run.yaml"), "rollout.n=8", "server.num_replicas=3"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no ray" in done.stderr
+    printed = yaml.safe_load(done.stdout)
+    assert printed["model"]["path"] == "/models/a"
+    assert printed["rollout"]["n"] == 8 and printed["server"]["num_replicas"] == 3
+    assert printed["trainer"]["run_dir"] == "runs/run"  # named after the config file
+    assert printed["trainer"]["total_steps"] == 20  # every default filled in
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [("rollout.nn=2", "nn"), ("rollout.n=0", "rollout.n"), ("trainer.resume_mismatch=x", "allow")],
+)
+def test_config_rejects_a_bad_key_or_value_with_exit_status_2(override, named, capsys, caplog):
+    assert main(["config", override]) == 2
+    assert named in caplog.text
+    assert capsys.readouterr().out == ""
+
+
+def test_config_reports_a_missing_file(tmp_path, caplog):
+    assert main(["config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml not found" in caplog.text
