@@ -12,6 +12,7 @@ from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import ToolCallParser
+from agentrl.tools.reasoning import ReasoningParser
 
 MAX_PARTIAL_RESUBMITS = 16
 
@@ -48,6 +49,7 @@ class AgentLoopContext:
     config: RolloutConfig
     session_id: str
     metrics: dict[str, float] = field(default_factory=dict)
+    reasoning_parser: ReasoningParser | None = None
 
 
 class AgentLoopBase(ABC):

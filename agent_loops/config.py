@@ -52,7 +52,20 @@ class RolloutConfig(Section):
         description="Time limit of one tool call, counted from when the tool admits it "
         "(a code-interpreter call first waits for a free sandbox slot).",
     )
-    tool_parser: str = Field("hermes", description="Tool-call parser (registered name).")
+    tool_parser: str = Field(
+        "hermes",
+        description="Tool-call parser: `hermes` (built in, needs no vLLM), a name registered "
+        "with `@register_tool_parser`, or any tool-call parser of the installed vLLM "
+        "(`llama3_json`, `mistral`, `qwen3_coder`, `deepseek_v3`, ...; `vllm:hermes` for "
+        "vLLM's own Hermes parser). docs/models.md lists what to set per model family.",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="Reasoning parser of the installed vLLM (`qwen3`, `deepseek_r1`, ...) "
+        "for models that think before answering: tool calls are parsed from the text after "
+        "the reasoning. Every sampled token, reasoning included, stays in the trajectory. "
+        "None = the whole turn is content.",
+    )
     tool_config_path: str | None = Field(
         None, description="YAML file listing the tools (class_name, config, tool_schema)."
     )

@@ -60,6 +60,7 @@ class ToolAgentLoop(AgentLoopBase):
         kept) gets every new message; ``metrics`` the turn, time and tool-call counts."""
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
+        reasoning_parser = self.context.reasoning_parser
         decode, eos, perf_counter = renderer.decode_text, renderer.eos_token_id, time.perf_counter
         budget = config.max_response_length
         limit, side = config.max_tool_response_length, config.tool_response_truncate_side
@@ -78,8 +79,11 @@ class ToolAgentLoop(AgentLoopBase):
                 token_ids = out.token_ids
                 ended_with_eos = bool(token_ids) and token_ids[-1] == eos
                 text = decode(token_ids[:-1] if ended_with_eos else token_ids)
+                reasoning = None
+                if reasoning_parser is not None:
+                    reasoning, text = reasoning_parser.split(text)
                 if messages is not None:
-                    messages.append({"role": "assistant", "content": text})
+                    messages.append(assistant_message(text, reasoning))
 
                 if out.finish_reason == "abort":
                     return "aborted"
@@ -118,6 +122,16 @@ class ToolAgentLoop(AgentLoopBase):
                 metrics["tool_time_s"] = tool_time
             if call_counts:
                 metrics.update(_call_metrics(call_counts))
+
+
+def assistant_message(content: str, reasoning: str | None) -> dict[str, Any]:
+    """A model turn as a chat message: its content verbatim (tool-call blocks included,
+    so a template that echoes content renders exactly what the model sampled) and its
+    reasoning, if it wrote any, as ``reasoning_content``."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
 
 
 def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:

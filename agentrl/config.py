@@ -143,8 +143,14 @@ class AgentRLConfig(Section):
 
     @model_validator(mode="after")
     def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
-        """Gateway tool settings left unset take the rollout's (one setting, one rule)."""
-        for name in ("tools_in_system_prompt", "tools_prompt_template"):
+        """Gateway tool and parser settings left unset take the rollout's (one setting,
+        one rule)."""
+        for name in (
+            "tools_in_system_prompt",
+            "tools_prompt_template",
+            "tool_parser",
+            "reasoning_parser",
+        ):
             if name not in self.gateway.model_fields_set:
                 setattr(self.gateway, name, getattr(self.rollout, name))
         return self

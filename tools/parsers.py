@@ -1,7 +1,11 @@
 """Tool-call parsers: model output text of one turn → function calls, behind a registry.
 
 Both the agent loops and the HTTP gateway parse model output with these, so a model's
-tool calls mean the same thing wherever it runs.
+tool calls mean the same thing wherever it runs. A name resolves to a parser registered
+here (``hermes``, built in, needs no vLLM; plugins add more with
+``@register_tool_parser``), else to the tool-call parser the installed vLLM registers
+under that name (``llama3_json``, ``mistral``, ``qwen3_coder``, ...); ``vllm:NAME`` always
+means vLLM's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -36,7 +41,13 @@ class ParsedTurn:
 
 
 class ToolCallParser(ABC):
-    """Parses the decoded text of one model turn."""
+    """Parses the decoded text of one model turn.
+
+    ``stateless``: ``parse`` keeps no state between turns, so one instance may serve
+    every episode of a process (otherwise each episode gets its own).
+    """
+
+    stateless: bool = False
 
     @abstractmethod
     def parse(self, text: str) -> ParsedTurn:
@@ -56,12 +67,28 @@ def register_tool_parser(name: str) -> Callable[[type[ToolCallParser]], type[Too
     return decorate
 
 
-def get_tool_parser(name: str) -> ToolCallParser:
-    """A new instance of the parser registered as ``name``."""
-    try:
+def get_tool_parser(
+    name: str, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None
+) -> ToolCallParser:
+    """A new instance of the parser registered as ``name``, here or in the installed vLLM.
+
+    vLLM's parsers need the model's ``tokenizer``; ``tools`` (OpenAI tool dicts) are the
+    schemas some formats convert argument values with.
+    """
+    if name in _PARSERS:
         return _PARSERS[name]()
-    except KeyError:
-        raise ValueError(f"unknown tool parser {name!r}; registered: {sorted(_PARSERS)}") from None
+    from agentrl.tools.reasoning import VLLM_PREFIX
+    from agentrl.tools.vllm_parsers import UnknownParser, VLLMToolCallParser
+
+    try:
+        return VLLMToolCallParser(name.removeprefix(VLLM_PREFIX), tokenizer, tools)
+    except ImportError:
+        raise ValueError(
+            f"unknown tool parser {name!r}; built in: {sorted(_PARSERS)} (vLLM, which "
+            "registers parsers for most model families, is not installed)"
+        ) from None
+    except UnknownParser as exc:
+        raise ValueError(f"{exc}; built in: {sorted(_PARSERS)}") from None
 
 
 @functools.cache
@@ -76,6 +103,7 @@ class HermesToolParser(ToolCallParser):
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    stateless = True
 
     def __init__(self) -> None:
         self._block = _block_pattern(self.open_tag, self.close_tag)

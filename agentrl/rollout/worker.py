@@ -27,8 +27,9 @@ from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.rollout.episode_batches import EpisodeStreamer
 from agentrl.server.config import ServerConfig
 from agentrl.tools import BaseTool
-from agentrl.tools.parsers import get_tool_parser
-from agentrl.tools.render import place_tools
+from agentrl.tools.parsers import ToolCallParser, get_tool_parser
+from agentrl.tools.reasoning import get_reasoning_parser
+from agentrl.tools.render import place_tools, tools_for_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,15 @@ class AgentLoopWorker(EpisodeStreamer):
         self.renderer = ChatRenderer(
             self.tokenizer, template_tools, system_prompt, fast_path=rollout.template_cache
         )
-        self._parser_factory: Callable[[], Any] = lambda: get_tool_parser(rollout.tool_parser)
+        schemas = tools_for_chat_template(self.tools)
+        parser = get_tool_parser(rollout.tool_parser, self.tokenizer, schemas)
+        self._parser_factory: Callable[[], ToolCallParser] = (
+            (lambda: parser)
+            if parser.stateless
+            else (lambda: get_tool_parser(rollout.tool_parser, self.tokenizer, schemas))
+        )
+        # Stateless on finished turns: one per worker serves every episode.
+        self._reasoning_parser = get_reasoning_parser(rollout.reasoning_parser, self.tokenizer)
         self._slots = asyncio.Semaphore(rollout.max_concurrent_loops)
         self._deadlines = EpisodeDeadlines(rollout.loop_timeout_s)
 
@@ -138,6 +147,7 @@ class AgentLoopWorker(EpisodeStreamer):
             tool_parser=self._parser_factory(),
             config=self.config.rollout,
             session_id=session_id,
+            reasoning_parser=self._reasoning_parser,
         )
 
     async def ping(self) -> None:

@@ -44,7 +44,16 @@ class GatewayConfig(Section):
     )
     max_n: int = Field(8, ge=1, description="Largest `n` (choices per request) accepted.")
     tool_parser: str = Field(
-        "hermes", description="Tool-call parser (registered name) for `tool_calls` in replies."
+        "hermes",
+        description="Tool-call parser for `tool_calls` in replies: any name "
+        "`rollout.tool_parser` takes (built in or the installed vLLM's). In a full config "
+        "left unset it takes `rollout.tool_parser`, so the gateway parses as the loops do.",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="Reasoning parser of the installed vLLM (`qwen3`, `deepseek_r1`, ...): "
+        "replies carry the model's reasoning as `reasoning_content` and tool calls are parsed "
+        "after it. In a full config left unset it takes `rollout.reasoning_parser`.",
     )
     tools_in_system_prompt: bool | None = Field(
         None,

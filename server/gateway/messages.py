@@ -6,7 +6,9 @@ Two views of one message:
   arguments as objects, ``developer`` as ``system``).
 - ``message_key``: a canonical string used to decide whether a request repeats an earlier
   conversation. It ignores what clients rewrite when they echo a reply back (tool-call
-  ids, JSON formatting of arguments, surrounding whitespace, ``None`` vs ``""`` content).
+  ids, JSON formatting of arguments, surrounding whitespace, ``None`` vs ``""`` content),
+  but not the reasoning: a reply echoed without the reasoning the model wrote is not what
+  the model saw, so it continues nothing (the session records a divergence).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
             }
             for call in message.tool_calls
         ]
+    reasoning = message.reasoning_text()
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
@@ -63,6 +68,7 @@ def message_key(message: dict[str, Any]) -> str:
         calls,
         message.get("tool_call_id"),
         message.get("name"),
+        (message.get("reasoning_content") or "").strip(),
     ]
     return json.dumps(canonical, sort_keys=True, ensure_ascii=False)
 

@@ -46,6 +46,14 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[ToolCallSpec] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = Field(
+        None, description="vLLM's name for `reasoning_content` (either is accepted)."
+    )
+
+    def reasoning_text(self) -> str | None:
+        """The assistant's reasoning as the client echoed it (None if it sent none)."""
+        return self.reasoning_content if self.reasoning_content is not None else self.reasoning
 
     def text(self) -> str:
         """The content as one string (parts joined, None as empty)."""

@@ -33,9 +33,17 @@ def _chat_logprobs(tokenizer: Any, choice: Choice) -> dict[str, Any]:
 
 def _message(choice: Choice) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.content}
+    if choice.reasoning is not None:
+        message.update(_reasoning_fields(choice.reasoning))
     if choice.tool_calls:
         message["tool_calls"] = choice.tool_calls
     return message
+
+
+def _reasoning_fields(reasoning: str) -> dict[str, str]:
+    # `reasoning_content` as DeepSeek's API and most OpenAI clients read it; `reasoning`
+    # as vLLM's own server names it since 0.11.
+    return {"reasoning_content": reasoning, "reasoning": reasoning}
 
 
 def chat_completion(result: CallResult, tokenizer: Any, logprobs: bool) -> dict[str, Any]:
@@ -167,6 +175,8 @@ class ChatChunks:
         chunks = []
         for c in result.choices:
             logprobs = _chat_logprobs(self._tokenizer, c) if self._logprobs else None
+            if c.reasoning:
+                chunks.append(self._chunk(c.index, _reasoning_fields(c.reasoning)))
             if c.content:
                 chunks.append(self._chunk(c.index, {"content": c.content}, logprobs=logprobs))
             for position, call in enumerate(c.tool_calls):

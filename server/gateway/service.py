@@ -30,10 +30,10 @@ from agentrl.server.gateway.protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from agentrl.server.gateway.replies import ReplyParser
 from agentrl.server.gateway.sessions import CallRecord, Completion, Session, SessionStore
 from agentrl.server.gateway.sink import TrajectorySink
 from agentrl.server.gateway.template import GatewayTemplate, TemplateError
-from agentrl.tools.parsers import get_tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Choice:
     finish_reason: str
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: str | None = None
 
 
 @dataclass
@@ -137,7 +138,7 @@ class GatewayService:
             if tokenizer.chat_template
             else None
         )
-        get_tool_parser(config.tool_parser)  # fail at start-up on an unknown parser name
+        self._reply = ReplyParser(tokenizer, config.tool_parser, config.reasoning_parser)
 
     # ----------------------------------------------------------------- preparation
     def check_model(self, name: str | None) -> str:
@@ -361,22 +362,31 @@ class GatewayService:
             text = visible_text(self.tokenizer, ids)
         choice = Choice(index, out, ids, text, finish, content=text)
         request = prepared.chat
-        if request is not None and request.tools and request.tool_choice != "none":
-            parsed = get_tool_parser(self.config.tool_parser).parse(text)
-            if parsed.calls:
-                choice.content = parsed.content or None
-                choice.finish_reason = "tool_calls"
-                choice.tool_calls = [
-                    {
-                        "id": f"call_{uuid.uuid4().hex}",
-                        "type": "function",
-                        "function": {
-                            "name": call.name,
-                            "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                        },
-                    }
-                    for call in parsed.calls
-                ]
+        if request is None:
+            return choice
+        parse_calls = bool(request.tools) and request.tool_choice != "none"
+        reply = self._reply.parse(ids, template_tools(request.tools), parse_calls)
+        if reply is None:
+            return choice
+        choice.reasoning = reply.reasoning
+        if reply.content is not None:
+            choice.content = reply.content
+        if reply.malformed_calls and prepared.session is not None:
+            prepared.session.counters["malformed_tool_calls"] += reply.malformed_calls
+        if reply.calls:
+            choice.content = reply.content or None
+            choice.finish_reason = "tool_calls"
+            choice.tool_calls = [
+                {
+                    "id": f"call_{uuid.uuid4().hex}",
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                    },
+                }
+                for call in reply.calls
+            ]
         return choice
 
     def _record(self, prepared: PreparedCall, choices: list[Choice]) -> None:
@@ -408,6 +418,7 @@ class GatewayService:
             reply = {
                 "role": "assistant",
                 "content": choice.content or "",
+                "reasoning_content": choice.reasoning,
                 "tool_calls": [
                     {
                         "function": {

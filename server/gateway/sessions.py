@@ -218,7 +218,14 @@ class Session:
         return sample
 
     def metrics(self) -> dict[str, float]:
-        names = ("calls", "continued_calls", "divergences", "branches", "reused_prompt_tokens")
+        names = (
+            "calls",
+            "continued_calls",
+            "divergences",
+            "branches",
+            "reused_prompt_tokens",
+            "malformed_tool_calls",
+        )
         return {f"gateway/{name}": float(self.counters[name]) for name in names} | {
             "gateway/samples": float(len(self.samples))
         }
