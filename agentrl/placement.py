@@ -213,6 +213,8 @@ def place_ranks(
     import ray
     from ray.util import placement_group, remove_placement_group
 
+    from agentrl.server.ray_compat import free_resources_per_node
+
     config = config or TrainerPlacementConfig()
     bundle = rank_bundle(num_cpus, num_gpus, config.node_resource)
     resources = {config.node_resource: 1.0} if config.node_resource else {}
@@ -221,8 +223,8 @@ def place_ranks(
             logger.info("%s: ranks reserve no resources; no placement groups", name)
         return RankPlacement(world_size, resources)
     capacities = None
-    if config.ranks_per_node is None:
-        capacities = node_capacities(bundle, _free_resources_per_node())
+    if config.ranks_per_node is None and (free := free_resources_per_node()) is not None:
+        capacities = node_capacities(bundle, free)
     sizes = group_sizes(world_size, config.ranks_per_node, capacities)
     tag = f"{name}-{uuid.uuid4().hex[:8]}"  # group names are unique cluster-wide
     groups = [
@@ -249,7 +251,7 @@ def place_ranks(
             f"{name}: {len(groups) - len(ready)} of {len(groups)} placement groups "
             f"({config.strategy}, ranks per group {sizes}, each rank {bundle}) not ready "
             f"after {config.ready_timeout_s:.0f}s; free resources per node: "
-            f"{_free_resources_per_node()}. Add nodes with these resources, lower "
+            f"{_free_resources_text()}. Add nodes with these resources, lower "
             "placement.trainer.ranks_per_node or the per-worker CPUs/GPUs, or check "
             "placement.trainer.node_resource against the nodes' `ray start --resources`."
         )
@@ -258,8 +260,13 @@ def place_ranks(
     return placement
 
 
-def _free_resources_per_node() -> list[dict[str, float]]:
-    """Free resources of each alive node (Ray's GCS view)."""
-    from ray._private.state import available_resources_per_node
+def _free_resources_text() -> str:
+    """What is free: per node, or on Ray's public API path the cluster's total."""
+    import ray
 
-    return [dict(free) for free in available_resources_per_node().values()]
+    from agentrl.server.ray_compat import free_resources_per_node
+
+    free = free_resources_per_node()
+    if free is None:
+        return f"unknown (Ray public API path); cluster-wide {ray.available_resources()}"
+    return str(free)

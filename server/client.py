@@ -11,7 +11,6 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
-from ray.serve._private.router import SharedRouterLongPollClient
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from tenacity import (
     AsyncRetrying,
@@ -23,6 +22,7 @@ from tenacity import (
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 from agentrl.server.affinity import AffinityStats, affinity_stats
 from agentrl.server.config import ServerConfig
+from agentrl.server.ray_compat import use_private
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ class ServerClient:
     ``coalesce_max_batch`` (None: off) coalesces the first attempts of the generate calls
     one event-loop tick makes: those for one replica travel as one Serve call of up to
     that many requests (see ``_Coalescer``).
+
+    ``public_path`` sends generate calls through the plain ``DeploymentHandle`` instead
+    of the loop-bound gRPC handle (see ``_data_handle``), as happens anyway where Ray
+    Serve lacks the internals that handle needs (``agentrl.server.ray_compat``).
     """
 
     def __init__(
@@ -81,8 +85,10 @@ class ServerClient:
         timeout_s: float = 600.0,
         coalesce_max_batch: int | None = None,
         max_sessions: int = 100_000,
+        public_path: bool = False,
     ) -> None:
         self._handle = handle
+        self._loop_bound = use_private("loop_router", public_path)
         self._deployment_name = deployment_name
         self._loop_handle: tuple[asyncio.AbstractEventLoop, DeploymentHandle] | None = None
         self._max_retries = max_retries
@@ -107,6 +113,7 @@ class ServerClient:
         max_retries: int = 3,
         timeout_s: float = 600.0,
         coalesce_max_batch: int | None = None,
+        public_path: bool = False,
     ) -> ServerClient:
         """A client of a running rollout application (same Ray cluster)."""
         handle = serve.get_deployment_handle(deployment_name, app_name)
@@ -116,12 +123,13 @@ class ServerClient:
             max_retries=max_retries,
             timeout_s=timeout_s,
             coalesce_max_batch=coalesce_max_batch,
+            public_path=public_path,
         )
 
     @classmethod
     def from_config(cls, server: ServerConfig, *, timeout_s: float | None = None) -> ServerClient:
         """A client of the running rollout application ``server`` describes, with its
-        retries, timeout (``timeout_s`` overrides it) and coalescing."""
+        retries, timeout (``timeout_s`` overrides it), coalescing and Serve path."""
         from agentrl.server.deployment import DEPLOYMENT_NAME
 
         return cls.connect(
@@ -130,6 +138,7 @@ class ServerClient:
             max_retries=server.max_retries,
             timeout_s=server.request_timeout_s if timeout_s is None else timeout_s,
             coalesce_max_batch=server.coalesce_max_batch if server.coalesce else None,
+            public_path=server.serve_public_path,
         )
 
     async def generate(
@@ -296,10 +305,10 @@ class ServerClient:
         router (session affinity), replica health and failover stay Serve's: a replica
         that dies under a request raises ``ActorUnavailableError`` here, a
         ``RayActorError`` naming the replica, so the retry avoids it as before. Control
-        calls keep the default handle.
+        calls keep the default handle, and so do generate calls on the public path.
         """
         handle = self._handle
-        if not isinstance(handle, DeploymentHandle):
+        if not self._loop_bound or not isinstance(handle, DeploymentHandle):
             return handle
         loop = asyncio.get_running_loop()
         if self._loop_handle is None or self._loop_handle[0] is not loop:
@@ -429,6 +438,8 @@ def _stop_update_listeners(handle: DeploymentHandle) -> None:
     """Stop the long-poll clients a loop-bound handle's router listens with (Ray Serve
     internals, as ``_init(_run_router_in_separate_loop=False)`` is): its own, and the one
     Serve shares among the routers of that loop when no other router is registered there."""
+    from ray.serve._private.router import SharedRouterLongPollClient
+
     router = getattr(handle._router, "_asyncio_router", None)
     if router is None:
         return

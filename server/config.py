@@ -107,5 +107,12 @@ class ServerConfig(Section):
         "(`CALL generate OK 1.2ms`), to the console and the Serve log files. Off by default: "
         "it costs replica CPU and floods the console at thousands of requests per second.",
     )
+    serve_public_path: bool = Field(
+        False,
+        description="Use only Ray Serve's public API on the data path: generate calls go "
+        "through the plain DeploymentHandle and the affinity router cannot see a full "
+        "replica. Same results, slower. Taken anyway where the installed Ray lacks the "
+        "internals the fast path uses; AGENTRL_SERVE_PUBLIC_PATH=1 forces it per process.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)

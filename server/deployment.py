@@ -171,7 +171,9 @@ def build_rollout_app(
         "graceful_shutdown_timeout_s": 5,
         "logging_config": LoggingConfig(enable_access_log=server.access_log),
     }
-    router = request_router_config(server.router.policy, server.router.max_sessions)
+    router = request_router_config(
+        server.router.policy, server.router.max_sessions, server.serve_public_path
+    )
     if router is not None:
         options["request_router_config"] = router
     deployment = serve.deployment(RolloutServer).options(**options)

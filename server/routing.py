@@ -21,6 +21,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from agentrl.server.affinity import SessionAffinityPolicy, register_policy
+from agentrl.server.ray_compat import use_private
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,15 @@ class SessionAffinityRouter(RequestRouter):
     probe was merely late (a busy or freshly restarted replica) is asked again with a
     longer deadline, and the session stays. Offering the other replicas as a fallback
     rank instead would send such a turn elsewhere behind the policy's back.
+
+    Which replica is full comes from Serve's queue-length cache; on the public path
+    (``agentrl.server.ray_compat``) no replica counts as full, so a session waits for room
+    on its replica.
     """
 
-    def initialize_state(self, max_sessions: int = 100_000):
+    def initialize_state(self, max_sessions: int = 100_000, public_path: bool = False):
         self.policy = SessionAffinityPolicy(max_sessions)
+        self._sees_full = use_private("queue_len_cache", public_path)
         register_policy(self._deployment_id.name, self.policy)
 
     async def choose_replicas(
@@ -68,6 +74,8 @@ class SessionAffinityRouter(RequestRouter):
 
     def _is_full(self, replica: RunningReplica) -> bool:
         """Whether ``replica`` last reported as many ongoing requests as it accepts."""
+        if not self._sees_full:
+            return False
         queue_len = self.replica_queue_len_cache.get(replica.replica_id)
         return queue_len is not None and queue_len >= replica.max_ongoing_requests
 
@@ -96,14 +104,17 @@ class RoundRobinRouter(RequestRouter):
         return [[ordered[start]], ordered[start + 1 :] + ordered[:start]]
 
 
-def request_router_config(policy: str, max_sessions: int) -> RequestRouterConfig | None:
-    """The Serve router config for ``policy`` (None = Ray Serve's default router)."""
+def request_router_config(
+    policy: str, max_sessions: int, public_path: bool = False
+) -> RequestRouterConfig | None:
+    """The Serve router config for ``policy`` (None = Ray Serve's default router);
+    ``public_path``: the affinity router uses no Serve internals."""
     if policy == "default":
         return None
     if policy == "affinity":
         return RequestRouterConfig(
             request_router_class=f"{__name__}.SessionAffinityRouter",
-            request_router_kwargs={"max_sessions": max_sessions},
+            request_router_kwargs={"max_sessions": max_sessions, "public_path": public_path},
         )
     if policy == "round_robin":
         return RequestRouterConfig(request_router_class=f"{__name__}.RoundRobinRouter")

@@ -1,0 +1,182 @@
+"""Ray internals the data path uses, checked once per process, and their public fallback.
+
+Each hook is a fast path through Ray or Ray Serve internals. Whether it exists is
+checked by feature detection (the names and parameters it needs), never by comparing
+version strings, so a Ray release that keeps the internals keeps the fast path:
+
+- ``loop_router``: ``DeploymentHandle._init(_run_router_in_separate_loop=False)``,
+  ``options(_by_reference=False)`` and ``ray.serve._private.router``'s
+  ``CurrentLoopRouter`` and ``SharedRouterLongPollClient``. ``ServerClient`` routes
+  generate calls on the caller's event loop and sends them over Serve's gRPC transport
+  (``server/client.py``).
+- ``queue_len_cache``: ``RequestRouter.replica_queue_len_cache``. The affinity router
+  sees which replica is full, so a session moves off it (``server/routing.py``).
+- ``node_resources``: ``ray._private.state.available_resources_per_node``. Trainer
+  ranks are packed into one placement group per node by each node's free resources
+  (``agentrl/placement.py``).
+
+Where a hook is missing, or ``AGENTRL_SERVE_PUBLIC_PATH=1`` (any process) or
+``server.serve_public_path`` (the clients and routers of that config) forces it, the
+public API is used instead: the same results, a little slower. ``HOOKS`` names what each
+fallback costs. The first process-wide choice of a public path logs one warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+PUBLIC_PATH_ENV = "AGENTRL_SERVE_PUBLIC_PATH"
+"""Set to ``1`` to force every hook onto the public path in this process and its
+children (CI runs the serving tests this way too)."""
+
+HookPath = Literal["private", "public"]
+
+
+def _loop_router() -> bool:
+    from ray.serve._private import router
+    from ray.serve._private.handle_options import InitHandleOptionsBase
+    from ray.serve.handle import DeploymentHandle
+
+    init_options = {f.name for f in dataclasses.fields(InitHandleOptionsBase)}
+    return (
+        callable(getattr(DeploymentHandle, "_init", None))
+        and "_run_router_in_separate_loop" in init_options
+        and "_by_reference" in inspect.signature(DeploymentHandle.options).parameters
+        and hasattr(router, "CurrentLoopRouter")
+        and callable(getattr(router.SharedRouterLongPollClient, "get_or_create", None))
+    )
+
+
+def _queue_len_cache() -> bool:
+    from ray.serve.request_router import RequestRouter
+
+    return hasattr(RequestRouter, "replica_queue_len_cache")
+
+
+def _node_resources() -> bool:
+    from ray._private import state
+
+    return callable(getattr(state, "available_resources_per_node", None))
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One fast path through Ray internals and the public path that replaces it."""
+
+    name: str
+    fallback: str
+    """What the public path costs."""
+    exists: Callable[[], bool]
+    """Whether the internals are there (an ImportError or AttributeError counts as no)."""
+
+
+HOOKS: dict[str, Hook] = {
+    hook.name: hook
+    for hook in (
+        Hook(
+            "loop_router",
+            "generate calls go through the plain DeploymentHandle: routed on Serve's "
+            "router thread and sent as Ray actor tasks (bench/rollout_transport.py: "
+            "fewer turns/s, more latency per turn)",
+            _loop_router,
+        ),
+        Hook(
+            "queue_len_cache",
+            "the affinity router cannot see a full replica: a session waits for room on "
+            "its replica instead of moving to another one",
+            _queue_len_cache,
+        ),
+        Hook(
+            "node_resources",
+            "trainer ranks are placed one per placement group, not packed per node by "
+            "each node's free resources (unless placement.trainer.ranks_per_node is set), "
+            "and placement errors show the cluster's free resources, not each node's",
+            _node_resources,
+        ),
+    )
+}
+
+
+@functools.cache
+def missing_hooks() -> frozenset[str]:
+    """The hooks whose internals this process's Ray lacks (detected once per process)."""
+    missing = set()
+    for hook in HOOKS.values():
+        try:
+            present = hook.exists()
+        except (ImportError, AttributeError, TypeError, ValueError):
+            present = False
+        if not present:
+            missing.add(hook.name)
+    return frozenset(missing)
+
+
+def public_path_forced() -> bool:
+    """Whether ``AGENTRL_SERVE_PUBLIC_PATH`` forces the public path in this process."""
+    return os.environ.get(PUBLIC_PATH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hook_paths(force_public: bool = False) -> dict[str, HookPath]:
+    """Which path each hook takes in this process (``force_public``: the config forces it)."""
+    public = force_public or public_path_forced()
+    missing = missing_hooks()
+    return {name: "public" if public or name in missing else "private" for name in HOOKS}
+
+
+def check_ray_hooks(force_public: bool = False) -> dict[str, HookPath]:
+    """Each hook's path in this process (``force_public``: the config forces the public
+    path); the first time any hook takes the public path, one warning says which and what
+    it costs. Call it at start-up, before the first request."""
+    paths = hook_paths(force_public)
+    public = tuple(name for name, path in paths.items() if path == "public")
+    if public:
+        _warn_public(public, forced=force_public or public_path_forced())
+    return paths
+
+
+def use_private(name: str, force_public: bool = False) -> bool:
+    """Whether hook ``name`` takes its private fast path in this process."""
+    return check_ray_hooks(force_public)[name] == "private"
+
+
+_warned = False  # the one warning of this process was logged
+
+
+def _warn_public(names: tuple[str, ...], forced: bool) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    reason = (
+        f"forced ({PUBLIC_PATH_ENV}=1 or server.serve_public_path=true)"
+        if forced
+        else f"taken: Ray {ray.__version__} lacks the internals agentrl uses "
+        "(docs/deploy.md lists the tested Ray versions)"
+    )
+    logger.warning(
+        "Ray public API path %s for %s. Same results, slower: %s",
+        reason,
+        ", ".join(names),
+        "; ".join(f"{name}: {HOOKS[name].fallback}" for name in names),
+    )
+
+
+def free_resources_per_node() -> list[dict[str, float]] | None:
+    """Free resources of each alive node (Ray's GCS view); None on the public path, where
+    Ray has no per-node view of free resources."""
+    if not use_private("node_resources"):
+        return None
+    from ray._private.state import available_resources_per_node
+
+    return [dict(free) for free in available_resources_per_node().values()]
