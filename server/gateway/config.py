@@ -15,7 +15,9 @@ class GatewayConfig(Section):
     """
 
     enabled: bool = Field(
-        False, description="Start the gateway with `agentrl serve` (in front of the rollout app)."
+        False,
+        description="Start the gateway in front of the rollout app, with `agentrl serve`, "
+        "`train`, `eval` or `rollout` (external agents, `agent_name: external`, call it).",
     )
     app_name: str = Field("gateway", description="Ray Serve application name of the gateway.")
     route_prefix: str = Field(
