@@ -57,7 +57,7 @@ from agentrl.server.engine import (
     WeightWorkers,
     WorkerWeights,
 )
-from agentrl.server.vllm_worker_ext import encode_tensor
+from agentrl.server.vllm_worker_ext import encode_tensor, missing_inplace_internals
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +69,47 @@ _FINISH_REASONS = ("stop", "length", "abort")
 _STAGE_POLL_S = 0.01
 # Executors whose workers share this node (and /dev/shm) with the engine.
 _LOCAL_EXECUTORS = (None, "uni", "mp")
-STAGED_SWAP_VLLM_VERSIONS = ("0.32.0",)
-"""vLLM releases the staged weight swap is tested with: it builds its shadow model through
-vLLM internals, which change between releases. Keep in step with the pins of the ``cpu``
-and ``gpu`` extras in pyproject.toml."""
+TESTED_VLLM_VERSIONS = ("0.32.0",)
+"""vLLM releases the weight swaps are tested with. Both reach into vLLM internals, which
+change between releases: the staged swap builds its shadow model through them, and the
+in-place reload runs vLLM's layerwise reload one message at a time
+(``vllm_worker_ext.InPlaceReload``). Keep in step with the pins of the ``cpu`` and ``gpu``
+extras in pyproject.toml."""
+
+UNTESTED_VLLM_ENV = "AGENTRL_ALLOW_UNTESTED_VLLM"
+"""Set to ``1`` to start engines on an untested vLLM release anyway (in-place reload)."""
+
+
+class UntestedVLLMError(RuntimeError):
+    """The installed vLLM is not a release the weight swaps are tested with."""
 
 
 def weight_swap_for(requested: str, vllm_version: str) -> str:
-    """The weight swap to use: ``requested``, except ``inplace`` instead of ``staged`` on a
-    vLLM release the staged swap is not tested with (logged once per release)."""
+    """The weight swap to use, decided when the engine starts (never at a push).
+
+    ``requested`` on a tested vLLM release. On another release ``UntestedVLLMError``,
+    unless ``AGENTRL_ALLOW_UNTESTED_VLLM=1``: then ``inplace``, once the vLLM internals the
+    in-place reload calls are found (logged once per release).
+    """
     release = vllm_version.partition("+")[0]  # "0.32.0+cpu" is release 0.32.0
-    if requested != "staged" or release in STAGED_SWAP_VLLM_VERSIONS:
+    if release in TESTED_VLLM_VERSIONS:
         return requested
+    tested = ", ".join(TESTED_VLLM_VERSIONS)
+    if os.environ.get(UNTESTED_VLLM_ENV, "") != "1":
+        raise UntestedVLLMError(
+            f"vLLM {vllm_version} is not a release agentrl's weight swaps are tested with "
+            f"({tested}): both the staged swap and the in-place reload use vLLM internals "
+            "that change between releases, so a weight push could fail mid-run. Install a "
+            f"tested release (pip install 'agentrl[gpu]' or 'agentrl[cpu]'), or set "
+            f"{UNTESTED_VLLM_ENV}=1 to load weight pushes in place on it at your own risk."
+        )
+    missing = missing_inplace_internals()
+    if missing:
+        raise UntestedVLLMError(
+            f"vLLM {vllm_version} lacks what the in-place weight reload calls "
+            f"({', '.join(missing)}), so a weight push would fail; install a tested "
+            f"release ({tested})."
+        )
     _warn_untested_vllm(vllm_version)
     return "inplace"
 
@@ -88,10 +117,11 @@ def weight_swap_for(requested: str, vllm_version: str) -> str:
 @functools.cache
 def _warn_untested_vllm(vllm_version: str) -> None:
     logger.warning(
-        "vLLM %s is not a release the staged weight swap is tested with (%s): weight pushes "
+        "vLLM %s is not a release the weight swaps are tested with (%s); %s=1: weight pushes "
         "load in place while generation is paused (engine.weight_swap=inplace)",
         vllm_version,
-        ", ".join(STAGED_SWAP_VLLM_VERSIONS),
+        ", ".join(TESTED_VLLM_VERSIONS),
+        UNTESTED_VLLM_ENV,
     )
 
 
@@ -195,7 +225,11 @@ class VLLMEngine(RolloutEngine):
     """
 
     def __init__(self, model: ModelConfig, engine: EngineConfig) -> None:
-        """Start the engine (blocks for the model load, ~25 s for a tiny model on CPU)."""
+        """Start the engine (blocks for the model load, ~25 s for a tiny model on CPU).
+
+        Raises ``UntestedVLLMError`` first on a vLLM release the weight swaps are not
+        tested with (see ``weight_swap_for``)."""
+        self._staged_swap = weight_swap_for(engine.weight_swap, vllm.__version__) == "staged"
         self._model_cfg = model
         self._dtype: torch.dtype = getattr(torch, model.dtype)
         self._param_shapes = _hf_parameter_shapes(model)
@@ -213,7 +247,6 @@ class VLLMEngine(RolloutEngine):
         self._warned_cpu_seed = False
         self._control = asyncio.Lock()  # serializes pause / resume / update_weights
         self._staging = asyncio.Lock()  # one staged load (and its commit) at a time
-        self._staged_swap = weight_swap_for(engine.weight_swap, vllm.__version__) == "staged"
         self._staging_ready: asyncio.Task[None] | None = None
         if self._staged_swap:
             # Build the workers' shadow models now rather than inside the first push

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
+import importlib
 import itertools
 import logging
 import threading
@@ -475,6 +476,27 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+INPLACE_RELOAD_INTERNALS = (
+    ("vllm.model_executor.model_loader.reload.layerwise", "initialize_layerwise_reload"),
+    ("vllm.model_executor.model_loader.reload.layerwise", "finalize_layerwise_reload"),
+    ("vllm.config", "set_current_vllm_config"),
+)
+"""The vLLM internals ``InPlaceReload`` calls, as ``(module, name)``."""
+
+
+def missing_inplace_internals() -> list[str]:
+    """Those of ``INPLACE_RELOAD_INTERNALS`` the installed vLLM lacks (``module.name``)."""
+    missing = []
+    for module, name in INPLACE_RELOAD_INTERNALS:
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            missing.append(f"{module}.{name}")
+    return missing
 
 
 class InPlaceReload:
