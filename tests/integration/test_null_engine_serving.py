@@ -1,4 +1,9 @@
-"""``server.engine.backend=null`` behind the real Ray Serve deployment and affinity router."""
+"""``server.engine.backend=null`` behind the real Ray Serve deployment and affinity router.
+
+Every test runs twice: on the fast path through Ray Serve internals and on the public
+``DeploymentHandle`` path (``server.serve_public_path``) that a Ray without those internals
+takes (``agentrl.server.ray_compat``).
+"""
 
 from __future__ import annotations
 
@@ -25,21 +30,33 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 TOKENS = [21, 22, 23, 24]
 
 
+@pytest.fixture(scope="module", params=["private", "public"])
+def public_path(request) -> bool:
+    """Whether the clients and the router use only Ray Serve's public API."""
+    return request.param == "public"
+
+
 @pytest.fixture(scope="module")
-async def client(tiny_checkpoint):
+async def client(tiny_checkpoint, public_path):
     cfg = tiny_serving_config(
         tiny_checkpoint,
         18795,
-        ["server.engine.backend=null", f"server.engine.null_token_ids={TOKENS}"],
+        [
+            "server.engine.backend=null",
+            f"server.engine.null_token_ids={TOKENS}",
+            f"server.serve_public_path={public_path}",
+        ],
     )
     with rollout_servers(cfg) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
-async def coalescing(client):
+async def coalescing(client, public_path):
     """A second client of the same replicas that coalesces its generate calls."""
-    return ServerClient.connect("rollout", DEPLOYMENT_NAME, coalesce_max_batch=16)
+    return ServerClient.connect(
+        "rollout", DEPLOYMENT_NAME, coalesce_max_batch=16, public_path=public_path
+    )
 
 
 async def test_null_replicas_answer_with_fixed_tokens_and_keep_sessions(client):
@@ -73,6 +90,14 @@ async def test_replicas_write_no_access_log_by_default(client):
     replica_logs = list(logs.glob("replica_rollout_RolloutServer_*.log"))
     assert replica_logs, f"no replica log in {logs}"
     assert not any("CALL generate" in p.read_text() for p in replica_logs)
+
+
+async def test_generate_calls_take_the_serve_path_the_config_asks_for(
+    client, coalescing, public_path
+):
+    await client.generate("path", [1])  # (a call of the coalescing client would
+    for each in (client, coalescing):  # teach it a replica the next test must not know)
+        assert (each._data_handle() is each._handle) is public_path
 
 
 class _Sessions:
