@@ -28,7 +28,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,8 +37,8 @@ import ray
 logger = logging.getLogger(__name__)
 
 PUBLIC_PATH_ENV = "AGENTRL_SERVE_PUBLIC_PATH"
-"""Set to ``1`` to force every hook onto the public path in this process and its
-children (CI runs the serving tests this way too)."""
+"""Set to ``1`` to force every hook onto the public path in each process that has it in
+its environment (on one machine: the driver and the Ray workers it starts)."""
 
 HookPath = Literal["private", "public"]
 
@@ -86,9 +86,9 @@ HOOKS: dict[str, Hook] = {
     for hook in (
         Hook(
             "loop_router",
-            "generate calls go through the plain DeploymentHandle: routed on Serve's "
-            "router thread and sent as Ray actor tasks (bench/rollout_transport.py: "
-            "fewer turns/s, more latency per turn)",
+            "generate calls go through the plain DeploymentHandle, routed on Serve's "
+            "router thread and sent as Ray actor tasks (measured: 0.5-0.8x the turns/s, "
+            "about twice the latency per call; docs/deploy.md)",
             _loop_router,
         ),
         Hook(
@@ -127,47 +127,53 @@ def public_path_forced() -> bool:
     return os.environ.get(PUBLIC_PATH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def hook_paths(force_public: bool = False) -> dict[str, HookPath]:
-    """Which path each hook takes in this process (``force_public``: the config forces it)."""
-    public = force_public or public_path_forced()
+def hook_paths(forced: Collection[str] = ()) -> dict[str, HookPath]:
+    """Which path each hook takes in this process; ``forced``: hooks a config puts on the
+    public path."""
+    public = public_path_forced()
     missing = missing_hooks()
-    return {name: "public" if public or name in missing else "private" for name in HOOKS}
+    return {
+        name: "public" if public or name in forced or name in missing else "private"
+        for name in HOOKS
+    }
 
 
-def check_ray_hooks(force_public: bool = False) -> dict[str, HookPath]:
-    """Each hook's path in this process (``force_public``: the config forces the public
-    path); the first time any hook takes the public path, one warning says which and what
-    it costs. Call it at start-up, before the first request."""
-    paths = hook_paths(force_public)
-    public = tuple(name for name, path in paths.items() if path == "public")
+def check_ray_hooks(forced: Collection[str] = ()) -> dict[str, HookPath]:
+    """Each hook's path in this process (``forced`` as in ``hook_paths``); the first time
+    any hook takes the public path, one warning says which, why and what it costs. Runs
+    at start-up, when a ``ServerClient`` or an affinity router is made."""
+    paths = hook_paths(forced)
+    public = [name for name, path in paths.items() if path == "public"]
     if public:
-        _warn_public(public, forced=force_public or public_path_forced())
+        _warn_public(public)
     return paths
 
 
 def use_private(name: str, force_public: bool = False) -> bool:
-    """Whether hook ``name`` takes its private fast path in this process."""
-    return check_ray_hooks(force_public)[name] == "private"
+    """Whether hook ``name`` takes its private fast path in this process
+    (``force_public``: the caller's config forces the public path)."""
+    return check_ray_hooks({name} if force_public else ())[name] == "private"
 
 
 _warned = False  # the one warning of this process was logged
 
 
-def _warn_public(names: tuple[str, ...], forced: bool) -> None:
+def _warn_public(names: list[str]) -> None:
     global _warned
     if _warned:
         return
     _warned = True
-    reason = (
-        f"forced ({PUBLIC_PATH_ENV}=1 or server.serve_public_path=true)"
-        if forced
-        else f"taken: Ray {ray.__version__} lacks the internals agentrl uses "
-        "(docs/deploy.md lists the tested Ray versions)"
-    )
+    missing = missing_hooks()
+    why = {
+        name: f"Ray {ray.__version__} lacks its internals"
+        if name in missing
+        else f"forced by {PUBLIC_PATH_ENV}=1 or server.serve_public_path"
+        for name in names
+    }
     logger.warning(
-        "Ray public API path %s for %s. Same results, slower: %s",
-        reason,
-        ", ".join(names),
+        "Ray public API path for %s. Same results, slower: %s. docs/deploy.md lists the "
+        "tested Ray versions.",
+        ", ".join(f"{name} ({why[name]})" for name in names),
         "; ".join(f"{name}: {HOOKS[name].fallback}" for name in names),
     )
 

@@ -64,7 +64,8 @@ def test_a_missing_hook_takes_the_public_path_with_one_warning(monkeypatch, capl
     assert paths == {other: "public" if other == name else "private" for other in _INTERNALS}
     assert set(_INTERNALS) == set(ray_compat.HOOKS)
     (warning,) = _warnings(caplog)
-    assert "lacks the internals" in warning and ray_compat.HOOKS[name].fallback in warning
+    assert f"{name} (Ray " in warning and "lacks its internals" in warning
+    assert ray_compat.HOOKS[name].fallback in warning
     assert all(other not in warning for other in _INTERNALS if other != name)
 
 
@@ -75,12 +76,16 @@ def test_the_env_var_forces_every_hook_onto_the_public_path(monkeypatch, caplog,
         assert ray_compat.check_ray_hooks() == dict.fromkeys(ray_compat.HOOKS, "public")
         assert ray_compat.free_resources_per_node() is None  # asks Ray nothing
     (warning,) = _warnings(caplog)
-    assert "forced" in warning and all(name in warning for name in ray_compat.HOOKS)
+    assert all(f"{name} (forced by {ray_compat.PUBLIC_PATH_ENV}" in warning for name in _INTERNALS)
 
 
-def test_the_config_forces_the_public_path_of_its_clients_and_routers():
+def test_the_config_forces_the_public_path_of_its_clients_and_routers(caplog):
     assert ServerConfig().serve_public_path is False
-    assert ray_compat.hook_paths(force_public=True)["loop_router"] == "public"
+    with caplog.at_level(logging.WARNING):
+        assert not ray_compat.use_private("loop_router", force_public=True)
+        assert ray_compat.use_private("node_resources")  # the config does not place ranks
+    (warning,) = _warnings(caplog)
+    assert "for loop_router (forced" in warning and "node_resources" not in warning
     router = request_router_config("affinity", 10, public_path=True)
     assert router is not None and router.request_router_kwargs["public_path"] is True
 
