@@ -30,8 +30,15 @@ __all__ = [
     "vllm_tool_parser_names",
 ]
 
-# Attributes vLLM's parsers use for the text that opens one call (or a list of calls).
+# Attributes vLLM's parsers use for the text that opens one call (or a list of calls),
+# and for the text that closes one call.
 _MARKER_ATTRIBUTES = ("tool_call_start_token", "tool_call_begin_token", "bot_token")
+_END_ATTRIBUTE = "tool_call_end_token"
+# Parsers that name no markers of their own (vLLM's engine-based adapters): (open, close).
+_KNOWN_MARKERS = {
+    "qwen3_coder": ("<tool_call>", "</tool_call>"),
+    "qwen3_xml": ("<tool_call>", "</tool_call>"),
+}
 # Formats whose calls open with no marker of their own: a JSON object starting the turn.
 _BARE_JSON_PARSERS = frozenset({"llama3_json", "llama4_json", "phi4_mini_json"})
 
@@ -92,7 +99,7 @@ class VLLMToolCallParser(ToolCallParser):
         self.name = name
         self._request = _request(tools)
         self._parser = parser_cls(tokenizer, self._request.tools)
-        self._markers = _call_markers(self._parser)
+        self._markers, self._end = _call_markers(name, self._parser)
 
     def parse(self, text: str) -> ParsedTurn:
         info = self._parser.extract_tool_calls(text, self._request)
@@ -100,6 +107,12 @@ class VLLMToolCallParser(ToolCallParser):
         if info.tools_called:
             for index, call in enumerate(info.tool_calls, start=1):
                 self._add_call(call.function.name, call.function.arguments, index, turn)
+        if self._end and text.count(self._end) < text.count(self._markers[0]) and turn.calls:
+            # A lenient parser recovered a call the model never finished: the last one.
+            turn.calls.pop()
+            turn.errors.append(
+                f"tool call {turn.attempted_calls + 1}: cut off before `{self._end}`"
+            )
         missing = self._attempted(text) - turn.attempted_calls
         for _ in range(missing):
             turn.errors.append(
@@ -130,9 +143,15 @@ class VLLMToolCallParser(ToolCallParser):
         return max(counts, default=0)
 
 
-def _call_markers(parser: Any) -> list[str]:
+def _call_markers(name: str, parser: Any) -> tuple[list[str], str | None]:
+    """The texts that open a call in this format, and the one that closes a call."""
+    if name in _KNOWN_MARKERS:
+        start, end = _KNOWN_MARKERS[name]
+        return [start], end
     markers = (getattr(parser, attribute, None) for attribute in _MARKER_ATTRIBUTES)
-    return [marker for marker in markers if isinstance(marker, str) and marker]
+    starts = [marker for marker in markers if isinstance(marker, str) and marker]
+    end = getattr(parser, _END_ATTRIBUTE, None)
+    return starts, end if starts and isinstance(end, str) and end else None
 
 
 class VLLMReasoningParser(ReasoningParser):

@@ -169,3 +169,58 @@ def test_probe_names_our_module_that_imports_fsdp() -> None:
     # The trainer's model builder imports FSDP after transformers already has: the probe
     # must still name it, or the FSDP check above could never fail.
     assert "agentrl.trainer.model" in _loaded_by("agentrl.trainer.model")["fsdp_importers"]
+
+
+# An agent-loop worker that parses with vLLM's parsers loads vLLM's parser modules (and
+# the model registry they reach for), never its engine, executor, workers or models.
+_WORKER_WITH_VLLM_PARSERS = """
+import json, sys, tempfile
+from agentrl.models.tiny import build_tokenizer
+from agentrl.rollout.worker import AgentLoopWorker
+
+path = tempfile.mkdtemp()
+tokenizer = build_tokenizer(path)
+tokenizer.add_tokens(["<think>", "</think>"])
+config = {
+    "model": {"path": path},
+    "rollout": {"tool_parser": "vllm:hermes", "reasoning_parser": "qwen3"},
+}
+worker = AgentLoopWorker(config, client=object(), tools={}, tokenizer=tokenizer)
+parsed = worker._context("episode").tool_parser.parse(
+    '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+)
+assert [c.name for c in parsed.calls] == ["f"], parsed
+assert worker._reasoning_parser.split("<think>r</think>c").content == "c"
+print(json.dumps(sorted(n for n in sys.modules if n.startswith(("vllm", "agentrl")))))
+"""
+_VLLM_ENGINE = (
+    "vllm.engine.*",
+    "vllm.v1.engine.*",
+    "vllm.v1.executor.*",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.model_executor.model_loader.*",
+)
+_VLLM_MODEL_PLUMBING = ("interfaces", "interfaces_base", "registry")
+
+
+def test_worker_with_vllm_parsers_loads_no_engine() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER_WITH_VLLM_PARSERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "agentrl.tools.vllm_parsers" in loaded
+    engine = [n for n in loaded if any(_matches(n, p) for p in _VLLM_ENGINE)]
+    models = [
+        n
+        for n in loaded
+        if n.startswith("vllm.model_executor.models.")
+        and n.rsplit(".", 1)[1] not in _VLLM_MODEL_PLUMBING
+    ]
+    assert not engine and not models, f"the worker loads vLLM's engine: {engine + models}"
+    leaked = _violations(Contract("worker", _LOOPS_FORBID), loaded)
+    assert not leaked, leaked

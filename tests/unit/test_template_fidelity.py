@@ -1,0 +1,194 @@
+"""Every model family, token-exact through the tool loop and the gateway (a sample of the
+property ``bench/template_fidelity.py`` runs 10,000 times per family).
+
+Real tokenizers (``agentrl.testing.families``), vLLM's own parsers, a scripted engine that
+emits each turn as the family's template writes it; ``agentrl.testing.fidelity`` checks
+drift, the mask, every call parsed, and the gateway's sample.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentrl.agent_loops.base import AgentLoopContext
+from agentrl.agent_loops.config import RolloutConfig
+from agentrl.agent_loops.tool_agent import ToolAgentLoop
+from agentrl.core.types import SamplingParams
+from agentrl.server.gateway.app import build_app
+from agentrl.testing.families import FAMILIES, family
+from agentrl.testing.fidelity import (
+    TOOL_SCHEMAS,
+    AssistantTurn,
+    Conversation,
+    FidelityHarness,
+    ToolCallSpec,
+    random_conversation,
+)
+from agentrl.tools.parsers import get_tool_parser
+
+NAMES = sorted(FAMILIES)
+
+
+@functools.cache
+def harness(name: str, tool_parser: str | None = None) -> FidelityHarness:
+    model = family(name)
+    return FidelityHarness(
+        model.tokenizer(),
+        model.tools_in_system_prompt,
+        tool_parser or model.tool_parser,
+        model.reasoning_parser,
+    )
+
+
+def specials(name: str) -> list[str]:
+    return list(family(name).tokenizer().all_special_tokens)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms(use_true_random=False))
+async def test_random_conversations_are_token_exact_in_the_loop_and_the_gateway(name, rng):
+    model = family(name)
+    conversation = random_conversation(rng, specials(name), model.reasoning_parser is not None)
+    report = await harness(name).check(conversation)
+    assert report.ok, report
+
+
+async def test_a_parser_of_another_format_is_caught_as_unparsed_calls():
+    # The negative control: Hermes JSON cannot read Qwen3-Coder's XML calls.
+    wrong = harness("qwen3_coder", tool_parser="hermes")
+    rng = random.Random(0)
+    unparsed = 0
+    for _ in range(10):
+        conversation = random_conversation(rng, specials("qwen3_coder"), reasoning=False)
+        unparsed += (await wrong.check_tool_loop(conversation)).unparsed_calls
+    assert unparsed > 0
+
+
+def _broken_call_turn(h: FidelityHarness, reasoning: str | None) -> list[list[int]]:
+    """Engine outputs: a call cut off mid-arguments (then end of turn), then an answer."""
+    conversation = Conversation(
+        [{"role": "user", "content": "look it up"}],
+        [
+            AssistantTurn("", reasoning, [ToolCallSpec("search", {"query": "abc"}, "r")]),
+            AssistantTurn("done"),
+        ],
+    )
+    _, outputs = h.rendering.reference(conversation)
+    tokenizer = h.rendering.tokenizer
+    text = tokenizer.decode(outputs[0], skip_special_tokens=False)
+    cut = text[: text.index('"abc"') if '"abc"' in text else text.index("abc")]
+    outputs[0] = [*tokenizer.encode(cut, add_special_tokens=False), tokenizer.eos_token_id]
+    return outputs
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_a_malformed_call_is_answered_with_an_error_and_counted(name):
+    model = family(name)
+    h = harness(name)
+    outputs = _broken_call_turn(h, "think" if model.reasoning_parser else None)
+    h._outputs = outputs
+    h.executed = []
+    context = AgentLoopContext(
+        client=h.engine,
+        tokenizer=h.rendering.tokenizer,
+        renderer=h.renderer,
+        tools=h.tools,
+        tool_parser=h.tool_parser,
+        config=RolloutConfig(),
+        session_id=f"malformed-{name}",
+        reasoning_parser=h.reasoning_parser,
+    )
+    out = await ToolAgentLoop(context).run(
+        {"prompt": [{"role": "user", "content": "look it up"}]}, SamplingParams(max_tokens=512)
+    )
+    assert out.metrics["tool_calls/malformed"] == 1
+    assert out.metrics["assistant_turns"] == 2  # the episode went on after the error
+    assert h.executed == []
+    response = h.rendering.tokenizer.decode(out.response_ids)
+    assert "Error: tool call 1" in response
+
+
+def test_vllm_hermes_parses_as_the_built_in_parser():
+    tokenizer = family("smollm2").tokenizer()
+    built_in = get_tool_parser("hermes")
+    vllm_hermes = get_tool_parser("vllm:hermes", tokenizer)
+    call = (
+        '<tool_call>\n{"name": "search", "arguments": {"query": "x ü", "limit": 3}}\n</tool_call>'
+    )
+    for text in [call, f"let me check\n{call}\n{call}", "no call here"]:
+        ours, theirs = built_in.parse(text), vllm_hermes.parse(text)
+        assert ours.calls == theirs.calls and ours.content == theirs.content
+
+
+def test_an_unknown_parser_name_lists_the_built_in_and_the_vllm_ones():
+    with pytest.raises(ValueError, match=r"'nope'.*llama3_json.*built in: \['hermes'\]"):
+        get_tool_parser("nope", family("smollm2").tokenizer())
+
+
+# --- the gateway and reasoning -----------------------------------------------------------
+
+
+def _qwen3_gateway() -> tuple[FidelityHarness, TestClient, list[list[int]], Conversation]:
+    h = harness("qwen3")
+    conversation = Conversation(
+        [{"role": "user", "content": "find it"}],
+        [
+            AssistantTurn("", "I should search.", [ToolCallSpec("search", {"query": "q"}, "hit")]),
+            AssistantTurn("It is q.", "The search found it."),
+        ],
+    )
+    _, outputs = h.rendering.reference(conversation)
+    h._outputs = outputs
+    return h, TestClient(build_app(h.gateway)), outputs, conversation
+
+
+def _post(client: TestClient, session: str, messages: list[dict]) -> dict:
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": messages, "tools": TOOL_SCHEMAS},
+        headers={"x-session-id": session},
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("echo_reasoning", [True, False])
+def test_gateway_returns_reasoning_and_a_reply_echoed_without_it_diverges(echo_reasoning):
+    h, client, outputs, conversation = _qwen3_gateway()
+    session = f"reasoning-{echo_reasoning}"
+    first = _post(client, session, conversation.prompt)
+    assert first["reasoning_content"] == "I should search."
+    assert first["reasoning"] == "I should search."
+    [call] = first["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"query": "q"}
+    echoed = {k: v for k, v in first.items() if k != "reasoning" and v is not None}
+    if not echo_reasoning:
+        echoed.pop("reasoning_content")
+    tool = {"role": "tool", "tool_call_id": call["id"], "content": "hit"}
+    second = _post(client, session, [*conversation.prompt, echoed, tool])
+    assert second["content"] == "It is q."
+    assert second["reasoning_content"] == "The search found it."
+
+    stats = client.post(f"/v1/sessions/{session}/finish", json={}).json()
+    [(_, samples, _)] = h.sink.drain()
+    engine_saw = h.engine.calls[-1].prompt_ids + outputs[-1]
+    if echo_reasoning:
+        # One token-exact sample: the first reply's ids (reasoning included) reused.
+        assert len(samples) == 1
+        assert samples[0].prompt_ids + samples[0].response_ids == engine_saw
+    else:
+        # The history the client sent is not what the model saw: a divergence, and the
+        # second call's sample is its own prompt (re-rendered) plus what it generated.
+        assert len(samples) == 2
+        assert stats["metrics"]["gateway/divergences"] == 1
+        assert samples[1].prompt_ids + samples[1].response_ids == engine_saw
+        first_sample = samples[0].prompt_ids + samples[0].response_ids
+        assert first_sample == h.engine.calls[-2].prompt_ids + outputs[0]
