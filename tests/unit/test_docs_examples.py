@@ -37,6 +37,7 @@ GUIDES = (
     "training-runs.md",
     "gpu-cluster.md",
     "deploy.md",
+    "models.md",
 )
 PENDING_LINKS: set[str] = set()
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
