@@ -19,18 +19,16 @@ measured:
    driven directly, as ``WorkerGroup`` would on one rank. Where ``agentrl.weight_sync``
    cannot be imported (it imports Ray), a stub stands in for the two names
    ``fsdp_worker`` imports from it; the weight-broadcast methods are not exercised.
-2. **HFEngine** (``agentrl.server.hf_engine``, fp32 and bf16): the engine loads its model
-   on CPU and has no device option, so the script moves the engine's model to the GPU
-   after construction (and refreshes its parameter table). Then: a batch of greedy
+2. **HFEngine** (``agentrl.server.hf_engine``, fp32 and bf16), as it is, on the device
+   given by ``engine.hf_device`` (``--device``): a batch of greedy
    requests of the same length (tokens/s; logprobs against a plain transformers forward
    on the same ids, and whether each token is that forward's argmax), a second turn
    that extends each sequence (prefix-cache hits), requests of different lengths in one
    batch, seeded sampling, and a weight update (the fp32 actor's trained weights, as
    CPU tensors, as the object-store sync delivers them) followed by greedy requests
-   checked against the trained weights. Failures are recorded, not raised. Each dtype
-   runs as the engine is; if that fails, once more as ``<dtype>_patched`` with
-   ``patched_decode_batch`` (``DecodeBatch.remove`` builds its row index on the cache's
-   device; see there), to measure the rest of the engine on the GPU.
+   checked against the trained weights. Failures are recorded, not raised. (The first
+   run, at b5ed9c7, found the engine without a device option and failing on CUDA; its
+   script moved the model by hand and patched ``DecodeBatch.remove``. See README.md.)
 
     python bench/gpu_check.py [--device cuda|cpu] [--sizes tiny,small] [--out PATH]
 
@@ -42,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -426,32 +423,6 @@ def _round_result(outputs: list[Any], seconds: float) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def patched_decode_batch(device: torch.device, enable: bool):
-    """With ``enable``: ``hf_kv.DecodeBatch.remove`` runs under ``torch.device(device)``, so
-    the row index it builds with ``torch.tensor(keep)`` lands on the KV cache's device.
-
-    Unpatched, on CUDA, ``remove`` fails (index on the CPU, cache on the GPU) in the first
-    decode step: ``HFEngine._retire_done`` calls it every step, also with nothing to remove,
-    and then it re-indexes the whole cache. The patch changes nothing else."""
-    if not enable:
-        yield
-        return
-    from agentrl.server import hf_kv
-
-    original = hf_kv.DecodeBatch.remove
-
-    def remove(self: Any, items: Any) -> Any:
-        with torch.device(device):
-            return original(self, items)
-
-    hf_kv.DecodeBatch.remove = remove
-    try:
-        yield
-    finally:
-        hf_kv.DecodeBatch.remove = original
-
-
 async def engine_checks(
     path: str,
     dtype: str,
@@ -470,11 +441,13 @@ async def engine_checks(
     torch_dtype = getattr(torch, dtype)
     engine = HFEngine(
         ModelConfig(path=path, dtype=dtype),
-        EngineConfig(backend="hf", max_model_len=1024, hf_max_batch_size=requests),
+        EngineConfig(
+            backend="hf",
+            max_model_len=1024,
+            hf_max_batch_size=requests,
+            hf_device=device.type,
+        ),
     )
-    # HFEngine has no device option: it loads on CPU; hf_kv follows model.device.
-    engine._model.to(device)
-    engine._params = engine._model.state_dict()
     result: dict[str, Any] = {"dtype": dtype, "model_device": str(engine._model.device)}
     reference = load_hf(path, torch_dtype, device)
     reference_fp32 = load_hf(path, torch.float32, device) if dtype != "float32" else None
@@ -552,6 +525,19 @@ async def engine_checks(
         start = time.perf_counter()
         outs = await _gather(engine, "sampled", prompts, sampled)
         result["sampled"] = _round_result(outs, time.perf_counter() - start)
+        okd = [(i, o) for i, o in enumerate(outs) if not isinstance(o, BaseException)]
+        if okd:
+            # The same seeds again, one request at a time: the same tokens?
+            again = [
+                await engine.generate(f"resampled-{i}", prompts[i], sampled[i]) for i, _ in okd
+            ]
+            result["sampled"]["same_tokens_when_repeated_alone"] = sum(
+                a.token_ids == o.token_ids for a, (_, o) in zip(again, okd, strict=True)
+            ) / len(okd)
+            result["sampled"]["distinct_first_tokens"] = len({o.token_ids[0] for _, o in okd})
+            result["sampled"]["logprobs_vs_hf"] = engine_logprob_check(
+                reference, [prompts[i] for i, _ in okd], [o for _, o in okd], device
+            )
 
         # e) weight update (CPU tensors, as the object-store sync delivers them), then greedy
         if trained_state is not None:
@@ -716,22 +702,15 @@ def main() -> None:
         entry["hf_engine"] = {}
         save()
         for dtype in engine_dtypes:
-            for patched in (False, True):
-                name = f"{dtype}_patched" if patched else dtype
-                print(f"== {size}: HFEngine {name}", flush=True)
-                try:
-                    with patched_decode_batch(device, patched):
-                        entry["hf_engine"][name] = asyncio.run(
-                            engine_checks(
-                                path, dtype, device, args.requests, args.max_tokens, trained
-                            )
-                        )
-                except Exception as exc:
-                    traceback.print_exc()
-                    entry["hf_engine"][name] = {"error": error_text(exc)}
-                save()
-                if "error" not in entry["hf_engine"][name]:
-                    break  # the engine ran as it is: no patched run
+            print(f"== {size}: HFEngine {dtype}", flush=True)
+            try:
+                entry["hf_engine"][dtype] = asyncio.run(
+                    engine_checks(path, dtype, device, args.requests, args.max_tokens, trained)
+                )
+            except Exception as exc:
+                traceback.print_exc()
+                entry["hf_engine"][dtype] = {"error": error_text(exc)}
+            save()
     results["total_s"] = time.perf_counter() - total_start
     save()
     print(

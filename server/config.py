@@ -52,6 +52,12 @@ class EngineConfig(Section):
         "inplace: generation pauses for the whole transfer and reload.",
     )
     seed: int = Field(0, description="Engine sampling seed.")
+    hf_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="HFEngine: where the model and its KV cache live. auto: the current CUDA "
+        "device when torch sees a GPU (a replica is given one by default then, see "
+        "`server.num_gpus_per_replica`), else the CPU. cuda fails at start-up without a GPU.",
+    )
     hf_max_batch_size: int = Field(16, ge=1, description="HFEngine: max requests per batch.")
     hf_batch_wait_ms: float = Field(
         2.0, ge=0, description="HFEngine: how long to collect a batch before decoding."

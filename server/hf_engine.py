@@ -1,6 +1,8 @@
-"""``HFEngine``: the ``RolloutEngine`` interface over plain transformers (fp32 on CPU).
+"""``HFEngine``: the ``RolloutEngine`` interface over plain transformers.
 
-For machines where vLLM cannot be installed, and for fast tests. One asyncio scheduler task
+For machines where vLLM cannot be installed, and for fast tests. The model and its KV cache
+live on ``engine.hf_device`` (the GPU when torch sees one, else the CPU); sampling draws
+from each request's seeded CPU generator on either. One asyncio scheduler task
 runs cycles: it admits queued requests (up to ``hf_max_batch_size`` in flight, collecting for
 ``hf_batch_wait_ms`` when idle), prefills each one alone (reusing the longest cached prefix of
 a past sequence), then decodes every in-flight request one token per step over a shared
@@ -56,11 +58,16 @@ class HFEngine(RolloutEngine):
     def __init__(self, model: ModelConfig, engine: EngineConfig) -> None:
         _limit_torch_threads()
         self._cfg = engine
-        self._model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            model.path,
-            dtype=getattr(torch, model.dtype),
-            trust_remote_code=model.trust_remote_code,
-        ).eval()
+        self.device = _resolve_device(engine.hf_device)
+        self._model: PreTrainedModel = (
+            AutoModelForCausalLM.from_pretrained(
+                model.path,
+                dtype=getattr(torch, model.dtype),
+                trust_remote_code=model.trust_remote_code,
+            )
+            .to(self.device)
+            .eval()
+        )
         self._params = self._model.state_dict()
         self._vocab_size: int = self._model.config.get_text_config().vocab_size
         self._eos_ids = _eos_token_ids(self._model)
@@ -84,9 +91,10 @@ class HFEngine(RolloutEngine):
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
         logger.info(
-            "HFEngine loaded %s (%s, %d torch threads, batch %d, prefix cache %d entries)",
+            "HFEngine loaded %s (%s on %s, %d torch threads, batch %d, prefix cache %d entries)",
             model.path,
             model.dtype,
+            self.device,
             torch.get_num_threads(),
             engine.hf_max_batch_size,
             entries,
@@ -358,7 +366,10 @@ class HFEngine(RolloutEngine):
         self._counters["generated_tokens"] += 1
 
     def _retire_done(self) -> None:
-        for seq, kv in self._batch.remove([s for s in self._batch.items if s.done]):
+        done = [s for s in self._batch.items if s.done]
+        if not done:  # most steps: no row finished, the batch's cache stays as it is
+            return
+        for seq, kv in self._batch.remove(done):
             self._finish(seq, kv)
 
     def _finish(self, seq: HFRequest, kv: KV) -> None:
@@ -371,6 +382,17 @@ class HFEngine(RolloutEngine):
         with torch.no_grad():
             for name, tensor in tensors:
                 self._params[name].copy_(tensor)
+
+
+def _resolve_device(name: str) -> torch.device:
+    """``engine.hf_device`` as a device: auto is the current CUDA device if torch sees one."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    elif name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("engine.hf_device=cuda, but torch sees no GPU; use cpu or auto")
+    if name == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
 
 
 def _limit_torch_threads() -> None:

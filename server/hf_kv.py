@@ -92,17 +92,20 @@ class DecodeBatch(Generic[T]):
     def remove(self, items: Collection[T]) -> list[tuple[T, KV]]:
         """Drop the rows of ``items``; return each with its own (unpadded, copied) KV."""
         rows = [i for i, item in enumerate(self.items) if item in items]
+        if not rows:  # nothing to drop: keep the cache as it is (no copy)
+            return []
         removed = [(self.items[i], self._row_kv(i)) for i in rows]
         keep = [i for i in range(len(self.items)) if i not in rows]
         if not keep:
             self.clear()
             return removed
         start = self.width - max(self._lengths[i] for i in keep)
-        index = torch.tensor(keep)
+        kv = _kv_of(self._cache)
+        index = torch.tensor(keep, device=kv[0][0].device)  # on the cache's device
         self._cache = DynamicCache(
             [
                 (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
-                for k, v in _kv_of(self._cache)
+                for k, v in kv
             ]
         )
         self.items = [self.items[i] for i in keep]

@@ -79,7 +79,10 @@ def sample_token(
         token = int(torch.argmax(logits))
     else:
         scores = _top_p(_top_k(logits / sampling.temperature, sampling.top_k), sampling.top_p)
-        probs = torch.softmax(scores, dim=-1)
+        # Drawn on the generator's device (the request's CPU generator), wherever the model
+        # runs: a seed gives the same stream on CPU and GPU, and a CUDA multinomial would
+        # reject a CPU generator.
+        probs = torch.softmax(scores, dim=-1).to(generator.device)
         token = int(torch.multinomial(probs, 1, generator=generator))
     return token, float(logprobs[token])
 
