@@ -15,9 +15,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import ModelConfig
 from agentrl.core.types import SamplingParams
 from agentrl.server import hf_engine, hf_kv
+from agentrl.server.config import EngineConfig
 from agentrl.server.hf_kv import DecodeBatch
 from agentrl.server.hf_sampling import _top_k, _top_p, make_generator, sample_token
 
