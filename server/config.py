@@ -70,6 +70,13 @@ class EngineConfig(Section):
         description="NullEngine (`backend=null`): the response of every request, cut to "
         "max_tokens (repeated up to max_tokens with ignore_eos).",
     )
+    null_script: list[list[int]] = Field(
+        default_factory=list,
+        description="NullEngine: a scripted conversation instead of `null_token_ids`. A "
+        "request gets the first turn of the script whose ids are not in its prompt (turns "
+        "are looked for in order; the last one repeats once all are there). For end-to-end "
+        "tests of a model family's call format through real replicas.",
+    )
 
     @field_validator("backend", mode="before")
     @classmethod

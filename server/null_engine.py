@@ -40,8 +40,11 @@ class NullEngine(RolloutEngine):
     def __init__(self, model: ModelConfig, engine: EngineConfig) -> None:
         if not engine.null_token_ids:
             raise ValueError("server.engine.null_token_ids is empty: give at least one token id")
+        if any(not turn for turn in engine.null_script):
+            raise ValueError("server.engine.null_script has an empty turn")
         self._cfg = engine
         self._tokens = list(engine.null_token_ids)
+        self._script = [list(turn) for turn in engine.null_script]
         self._version = INITIAL_WEIGHT_VERSION
         self._mode: PauseMode | None = None
         self._resumed = asyncio.Event()
@@ -68,21 +71,34 @@ class NullEngine(RolloutEngine):
             self._counters["aborted"] += 1
             return self._output([], "abort", len(prompt_ids))
         limit = clamp_max_tokens(sampling, len(prompt_ids), self._cfg.max_model_len)
-        tokens, finish = self._response(sampling, limit)
+        tokens, finish = self._response(self._answer(prompt_ids), sampling, limit)
         self._counters["requests"] += 1
         self._counters["prompt_tokens"] += len(prompt_ids)
         self._counters["generated_tokens"] += len(tokens)
         return self._output(tokens, finish, len(prompt_ids))
 
-    def _response(self, sampling: SamplingParams, limit: int) -> tuple[list[int], str]:
-        source = itertools.cycle(self._tokens) if sampling.ignore_eos else iter(self._tokens)
+    def _answer(self, prompt_ids: list[int]) -> list[int]:
+        """``null_token_ids``, or the first script turn not yet in ``prompt_ids``."""
+        if not self._script:
+            return self._tokens
+        position = 0
+        for turn in self._script:
+            found = _find(prompt_ids, turn, position)
+            if found < 0:
+                return turn
+            position = found + len(turn)
+        return self._script[-1]
+
+    @staticmethod
+    def _response(answer: list[int], sampling: SamplingParams, limit: int) -> tuple[list[int], str]:
+        source = itertools.cycle(answer) if sampling.ignore_eos else iter(answer)
         tokens = list(itertools.islice(source, limit))
         if not sampling.ignore_eos and sampling.stop_token_ids:
             stops = set(sampling.stop_token_ids)
             cut = next((i for i, t in enumerate(tokens) if t in stops), None)
             if cut is not None:
                 return tokens[: cut + 1], "stop"
-        full = len(tokens) == len(self._tokens) and not sampling.ignore_eos
+        full = len(tokens) == len(answer) and not sampling.ignore_eos
         return tokens, "stop" if full else "length"
 
     def _output(self, tokens: list[int], finish: str, num_prompt_tokens: int) -> TokenOutput:
@@ -162,3 +178,12 @@ class NullEngine(RolloutEngine):
         """End held requests (``abort``); later calls raise."""
         self._closed = True
         await self.pause(PauseMode.ABORT)
+
+
+def _find(ids: list[int], part: list[int], start: int) -> int:
+    """Where ``part`` first occurs in ``ids`` at or after ``start`` (-1 if nowhere)."""
+    first, size = part[0], len(part)
+    for at in range(start, len(ids) - size + 1):
+        if ids[at] == first and ids[at : at + size] == part:
+            return at
+    return -1

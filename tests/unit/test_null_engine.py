@@ -117,3 +117,23 @@ def test_config_selects_null_and_rejects_an_empty_response():
     assert cfg.server.engine.null_token_ids == [4, 5]
     with pytest.raises(ValueError, match="null_token_ids is empty"):
         NullEngine(ModelConfig(path="unused"), EngineConfig(backend="null", null_token_ids=[]))
+
+
+async def test_a_script_answers_the_first_turn_not_yet_in_the_prompt():
+    script = [[21, 22, 2], [31, 2], [41, 42, 2]]
+    engine = _engine(null_script=script)
+    sampling = SamplingParams(max_tokens=32)
+    prompt = [1, 2, 3]
+    for turn in script:
+        out = await engine.generate(f"r{len(prompt)}", prompt, sampling)
+        assert (out.token_ids, out.finish_reason) == (turn, "stop")
+        prompt = [*prompt, *out.token_ids, 7, 8]  # the environment's tokens in between
+    # Every turn is in the prompt: the last one repeats; turns out of order do not count.
+    assert (await engine.generate("again", prompt, sampling)).token_ids == script[-1]
+    out_of_order = [1, *script[1], *script[0]]
+    assert (await engine.generate("swapped", out_of_order, sampling)).token_ids == script[1]
+
+
+def test_a_script_with_an_empty_turn_is_refused():
+    with pytest.raises(ValueError, match="null_script has an empty turn"):
+        _engine(null_script=[[1], []])
