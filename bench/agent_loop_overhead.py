@@ -39,10 +39,24 @@ from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.worker import AgentLoopWorker
+from agentrl.testing.benchmarks import provenance
 from agentrl.tools import BaseTool, ToolResponse
 from agentrl.tools.parsers import get_tool_parser
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "agent_loop_overhead.json"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/chat_template.py",
+    "agentrl/core",
+    "agentrl/rollout/episode.py",
+    "agentrl/rollout/worker.py",
+    "tools/base.py",
+    "tools/parsers.py",
+    "tools/reasoning.py",
+    "tools/render.py",
+]
 TURNS = 4
 PROMPT = [{"role": "user", "content": "Echo one."}]
 SAMPLING = SamplingParams(max_tokens=64)
@@ -228,6 +242,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--model", default="builtin:tiny-qwen2")
     args = parser.parse_args()
+    started = provenance(ROOT, MEASURED)
     model_path = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     results = [_measure(tokenizer, model_path, n, args.repeats) for n in args.loops]
@@ -248,6 +263,7 @@ def main() -> None:
     Console().print(table)
     payload = {
         "benchmark": "agent_loop_overhead",
+        **started,
         "turns_per_loop": TURNS,
         "repeats": args.repeats,
         "sizes": {

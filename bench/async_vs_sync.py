@@ -56,7 +56,7 @@ from rich.table import Table
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import EpisodeResult
-from agentrl.testing.benchmarks import checkout_commit
+from agentrl.testing.benchmarks import provenance
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
@@ -64,6 +64,25 @@ from agentrl.trainer.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TOY_REWARD = ROOT / "tests" / "integration" / "toy" / "reward.py"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/algos",
+    "agentrl/chat_template.py",
+    "agentrl/config.py",
+    "agentrl/core",
+    "agentrl/data",
+    "agentrl/placement.py",
+    "agentrl/plugins.py",
+    "agentrl/reward",
+    "agentrl/rollout",
+    "agentrl/trainer",
+    "agentrl/weight_sync.py",
+    "recipes/retool",
+    "server",
+    "tests/integration/toy",
+    "tools",
+]
 TOY_ROWS = 256
 MODES = {
     "sync": ["trainer.max_staleness=0"],
@@ -323,6 +342,7 @@ def main() -> None:
     if "sync" not in modes or not set(modes) <= set(MODES):
         parser.error(f"--modes: sync and any of {', '.join(MODES)}")
 
+    args.started = provenance(ROOT, MEASURED)
     path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, ModeResult] = {}
@@ -342,7 +362,7 @@ def _payload(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[s
     others = {name: r for name, r in results.items() if name != "sync"}
     return {
         "benchmark": "async_vs_sync",
-        "commit": checkout_commit(ROOT),
+        **args.started,
         "workload": _workload(args),
         "modes": {name: asdict(r) for name, r in results.items()},
         **{

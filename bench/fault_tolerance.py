@@ -43,7 +43,7 @@ from tempfile import TemporaryDirectory
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import checkout_commit
+from agentrl.testing.benchmarks import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +53,30 @@ RUN_FAULTS = [
     "tests/integration/test_async_faults.py",
     "tests/integration/test_driver_kill.py",
     "tests/integration/test_gateway_training.py",
+]
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/algos",
+    "agentrl/chat_template.py",
+    "agentrl/cli.py",
+    "agentrl/config.py",
+    "agentrl/core",
+    "agentrl/data",
+    "agentrl/placement.py",
+    "agentrl/plugins.py",
+    "agentrl/reward",
+    "agentrl/rollout",
+    "agentrl/testing/faults.py",
+    "agentrl/testing/loops.py",
+    "agentrl/trainer",
+    "agentrl/weight_sync.py",
+    "server",
+    "tests/integration/fault_ledger.py",
+    "tests/integration/test_async_faults.py",
+    "tests/integration/test_driver_kill.py",
+    "tests/integration/test_gateway_training.py",
+    "tools",
 ]
 LEDGER_COLUMNS = (
     "episodes_generated",
@@ -104,6 +128,7 @@ def _cases(junit: Path) -> list[tuple[str, bool, dict | None]]:
 
 
 def main() -> None:
+    started = provenance(ROOT, MEASURED)
     with TemporaryDirectory() as tmp:
         junit = Path(tmp) / "report.xml"
         seconds = _run_pytest(RUN_FAULTS, junit)
@@ -121,7 +146,7 @@ def main() -> None:
             faults.append({**failed, "test": test_id, "survived": False, "no_ledger": True})
     payload = {
         "benchmark": "fault_tolerance",
-        "commit": checkout_commit(ROOT),
+        **started,
         "seconds": round(seconds, 1),
         "faults_injected": len(faults),
         "faults_survived": sum(bool(f["survived"]) for f in faults),

@@ -45,7 +45,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,6 +64,16 @@ SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1},
     "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2},
 }
+# The code this check measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agentrl/algos",
+    "agentrl/models",
+    "agentrl/trainer",
+    "server/engine.py",
+    "server/hf_engine.py",
+    "server/hf_kv.py",
+    "server/hf_sampling.py",
+]
 TINY_INIT_STD, TINY_HIDDEN = 0.2, 128  # build_tiny_checkpoint's N(0, 0.2) matrices at width 128
 ROWS, PROMPT, RESPONSE = 16, 48, 64
 
@@ -81,19 +90,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def error_text(exc: BaseException) -> str:
@@ -660,12 +656,15 @@ def main() -> None:
     import transformers
 
     from agentrl.models.tiny import build_tiny_checkpoint
+    from agentrl.testing.benchmarks import checkout_commit
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check_"))
     results: dict[str, Any] = {
         "benchmark": "gpu_check",
-        "commit": args.commit or git_commit(),
+        # Where git is missing (the device image), --commit says what was checked out.
+        "commit": args.commit or checkout_commit(ROOT, MEASURED),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "measured": MEASURED,
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu",

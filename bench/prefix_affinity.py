@@ -42,9 +42,22 @@ from agentrl.core.types import SamplingParams
 from agentrl.models import resolve_model_path
 from agentrl.server.client import ServerClient
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+from agentrl.testing.benchmarks import provenance
 
 logger = logging.getLogger("bench.prefix_affinity")
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "prefix_affinity.json"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agentrl/core/types.py",
+    "server/affinity.py",
+    "server/client.py",
+    "server/deployment.py",
+    "server/engine.py",
+    "server/launch.py",
+    "server/routing.py",
+    "server/vllm_engine.py",
+]
 ROUTERS = ("affinity", "default", "round_robin")
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
 
@@ -197,6 +210,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
+    started = provenance(ROOT, MEASURED)
     logging.basicConfig(level=logging.INFO)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
     args.model = resolve_model_path(args.model)
@@ -214,6 +228,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "prefix_affinity",
+        **started,
         "model": args.model,
         "workload": {
             "sessions": args.sessions,

@@ -52,13 +52,34 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import checkout_commit
+from agentrl.testing.benchmarks import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_cpu.json"
 RUN_ROOT = ROOT / "runs" / "retool-cpu-bench"
 RECIPE = ROOT / "recipes" / "retool"
 CACHE = ROOT / ".cache" / "retool"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/algos",
+    "agentrl/chat_template.py",
+    "agentrl/cli.py",
+    "agentrl/config.py",
+    "agentrl/core",
+    "agentrl/data",
+    "agentrl/evaluate.py",
+    "agentrl/models",
+    "agentrl/placement.py",
+    "agentrl/plugins.py",
+    "agentrl/reward",
+    "agentrl/rollout",
+    "agentrl/trainer",
+    "agentrl/weight_sync.py",
+    "recipes/retool",
+    "server",
+    "tools",
+]
 WINDOW = 3
 SAMPLE_S = 0.5
 PSS_EVERY = 10
@@ -317,12 +338,16 @@ def overall(runs: list[dict], control: dict) -> dict:
     }
 
 
-def write_results(path: Path, runs: list[dict], control: dict, context: dict) -> None:
-    """The benchmark's JSON: per-seed runs, their overall view and the worst cases."""
+def write_results(
+    path: Path, runs: list[dict], control: dict, context: dict, started: dict
+) -> None:
+    """The benchmark's JSON: per-seed runs, their overall view and the worst cases;
+    ``started``: the commit, date and measured paths, taken when the benchmark started."""
     gains = [r["gain"] for r in runs if r["gain"] is not None]
     in_se = [g for g in map(gain_in_se, runs) if g is not None]
     payload = {
         "benchmark": "retool_cpu",
+        **started,
         "task": "arithmetic, 3–5-digit operands (prepare_data.py --arithmetic)",
         "seeds": [run["seed"] for run in runs],
         "min_accuracy_gain": min(gains, default=None),
@@ -335,7 +360,6 @@ def write_results(path: Path, runs: list[dict], control: dict, context: dict) ->
         "overall": overall(runs, control),
         "runs": runs,
         **context,
-        "commit": checkout_commit(ROOT),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
@@ -363,6 +387,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     results = RESULTS.with_stem(f"{RESULTS.stem}_{args.tag}") if args.tag else RESULTS
     env_cache = os.environ.setdefault("AGENTRL_CACHE", str(ROOT / ".cache"))
+    started = provenance(ROOT, MEASURED)
     runs: list[dict] = []
     control: dict = {"no_tool_accuracy": None}
     for seed in range(args.seeds):
@@ -374,7 +399,7 @@ def main() -> None:
             run |= control
         # Written after every seed, so an interrupted benchmark keeps what it measured.
         context = {"overrides": overrides, "agentrl_cache": env_cache}
-        write_results(results, runs, control, context)
+        write_results(results, runs, control, context, started)
         gate = args.stop_below_gain
         if seed == 0 and gate is not None and (runs[0]["gain"] or 0.0) < gate:
             break

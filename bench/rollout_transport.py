@@ -55,6 +55,22 @@ from agentrl.local_env import use_local_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "rollout_transport.json"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/chat_template.py",
+    "agentrl/core",
+    "agentrl/rollout",
+    "agentrl/testing/echo.py",
+    "server/affinity.py",
+    "server/client.py",
+    "server/deployment.py",
+    "server/engine.py",
+    "server/launch.py",
+    "server/null_engine.py",
+    "server/routing.py",
+    "tools",
+]
 use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
@@ -63,7 +79,8 @@ from rich.table import Table  # noqa: E402
 
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams, TokenOutput  # noqa: E402
-from agentrl.testing.benchmarks import checkout_commit  # noqa: E402
+from agentrl.rollout.worker import AgentLoopWorker  # noqa: E402
+from agentrl.testing.benchmarks import provenance  # noqa: E402
 
 TURNS = 4
 SINGLE_TOKENS = 8
@@ -84,8 +101,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Work:
-    """What one measurement did: episodes, generate calls and model tokens (and of the
-    calls, how many travelled in coalesced Serve calls, for ``bare_coalesced``)."""
+    """What one measurement did: episodes, generate calls and model tokens, and of the
+    calls, how many travelled in coalesced Serve calls (``bare_coalesced`` and the
+    agent-loop sides with ``server.coalesce``)."""
 
     episodes: int
     turns: int
@@ -110,6 +128,14 @@ class NullActor:
         avoid_actor_ids: frozenset[str] = frozenset(),
     ) -> TokenOutput:
         return await self._engine.generate(request_id or uuid.uuid4().hex, prompt_ids, sampling)
+
+
+class CountingWorker(AgentLoopWorker):
+    """The agent-loop worker, telling how many of its client's requests travelled in
+    coalesced Serve calls (``ServerClient.coalesced_requests``)."""
+
+    async def coalesced_requests(self) -> int:
+        return getattr(self.client, "coalesced_requests", 0)
 
 
 class BareCaller:
@@ -216,6 +242,16 @@ async def _served_requests(client) -> int:
     return sum(s["requests"] for s in await client.stats())
 
 
+async def _coalesced_requests(manager) -> int:
+    """Requests the manager's workers sent in coalesced Serve calls so far."""
+    counts = await asyncio.gather(*(_ref(w.coalesced_requests.remote()) for w in manager.workers))
+    return sum(counts)
+
+
+async def _ref(ref: Any) -> Any:
+    return await ref
+
+
 async def _measure(side: str, workload: str, ctx: dict[str, Any]) -> tuple[float, Work]:
     turns, sampling = WORKLOADS[workload]
     episodes = ctx["episodes"]
@@ -230,16 +266,19 @@ async def _measure(side: str, workload: str, ctx: dict[str, Any]) -> tuple[float
         return elapsed, work
     manager = ctx["managers"][side]
     rows = [{"prompt": PROMPT, "agent_name": "tool_agent" if turns > 1 else "single_turn"}]
+    coalesced = await _coalesced_requests(manager)
     start = time.perf_counter()
     results = await manager.generate(rows * episodes, n=1, sampling=sampling)
     elapsed = time.perf_counter() - start
     work = _agentrl_work(results, turns)
+    work.coalesced = await _coalesced_requests(manager) - coalesced
     served = await _served_requests(ctx["client"]) - before
     assert served == work.turns, f"{side}: replicas served {served} of {work.turns} turns"
     return elapsed, work
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    args.started = provenance(ROOT, MEASURED)
     from transformers import AutoTokenizer
 
     from agentrl.models import resolve_model_path
@@ -282,7 +321,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             cfg = base.model_copy(deep=True)
             cfg.rollout.num_workers = workers
             cfg.server.coalesce = coalesce
-            managers[f"agentrl_{workers}w{suffix}"] = AgentLoopManager(cfg)
+            managers[f"agentrl_{workers}w{suffix}"] = AgentLoopManager(cfg, CountingWorker)
     ctx = {
         "episodes": args.episodes,
         "client": client,
@@ -341,7 +380,7 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "benchmark": "rollout_transport",
-        "commit": checkout_commit(ROOT),
+        **args.started,
         "episodes": args.episodes,
         "repeats": args.repeats,
         "replicas": args.replicas,

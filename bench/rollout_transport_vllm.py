@@ -42,6 +42,20 @@ from agentrl.local_env import use_local_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "rollout_transport_vllm.json"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agent_loops",
+    "agentrl/chat_template.py",
+    "agentrl/core",
+    "agentrl/rollout",
+    "server/affinity.py",
+    "server/client.py",
+    "server/deployment.py",
+    "server/engine.py",
+    "server/launch.py",
+    "server/routing.py",
+    "server/vllm_engine.py",
+]
 use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
@@ -50,7 +64,7 @@ from rich.table import Table  # noqa: E402
 
 from agentrl.config import AgentRLConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams  # noqa: E402
-from agentrl.testing.benchmarks import checkout_commit  # noqa: E402
+from agentrl.testing.benchmarks import provenance  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot."}]
 SIDES = ("agentrl", "bare_asyncllm")
@@ -137,6 +151,7 @@ async def _measure(side: str, ctx: dict[str, Any]) -> tuple[float, dict[str, int
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    started = provenance(ROOT, MEASURED)
     from transformers import AutoTokenizer
 
     from agentrl.rollout.manager import AgentLoopManager
@@ -175,7 +190,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     rates = {side: work[side]["tokens"] / statistics.median(times[side]) for side in SIDES}
     return {
         "benchmark": "rollout_transport_vllm",
-        "commit": checkout_commit(ROOT),
+        **started,
         "episodes": args.episodes,
         "max_tokens": args.max_tokens,
         "replicas": args.replicas,

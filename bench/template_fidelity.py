@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import random
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from agentrl.testing.benchmarks import provenance
 from agentrl.testing.families import FAMILIES, family
 from agentrl.testing.fidelity import FidelityHarness, random_conversation
 
@@ -44,15 +43,6 @@ MEASURED = [
     "agentrl/testing/families.py",
     "agentrl/testing/fidelity.py",
 ]
-
-
-def measured_commit() -> str:
-    """HEAD, with ``+dirty`` when the measured files differ from it."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *MEASURED], cwd=ROOT)
-    return f"{head}+dirty" if dirty.returncode else head
 
 
 async def run_family(name: str, conversations: int, seed: int, progress, task) -> dict:
@@ -104,7 +94,7 @@ async def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     console = Console()
-    commit, date = measured_commit(), datetime.date.today().isoformat()
+    started = provenance(ROOT, MEASURED)  # the commit of the measured files, at the start
     rows = []
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeRemainingColumn(), console=console) as progress:
@@ -134,9 +124,7 @@ async def main() -> None:
         )
     console.print(table)
     result = {
-        "commit": commit,
-        "date": date,
-        "measured": MEASURED,
+        **started,
         "families": len(rows),
         "conversations": sum(r["conversations"] for r in rows),
         "conversations_per_family": args.conversations,

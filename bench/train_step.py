@@ -34,10 +34,19 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.local_env import use_local_defaults
+from agentrl.testing.benchmarks import provenance
 
 _ROOT = Path(__file__).resolve().parents[1]
 RESULTS = _ROOT / "bench" / "results" / "train_step.json"
 RECIPE = _ROOT / "recipes" / "retool" / "cpu.yaml"
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agentrl/algos",
+    "agentrl/config.py",
+    "agentrl/core",
+    "agentrl/trainer",
+    "recipes/retool/cpu.yaml",
+]
 use_local_defaults(_ROOT / ".cache")
 
 SETTINGS: dict[str, dict[str, object]] = {
@@ -116,6 +125,7 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     args = parser.parse_args()
+    started = provenance(_ROOT, MEASURED)
     names = args.settings.split(",")
     if names[0] != BASELINE:
         sys.exit(f"the first setting must be the baseline, {BASELINE}")
@@ -136,6 +146,7 @@ def main() -> None:
         r["ratio_to_baseline"] = r["median_s"] / base
     payload = {
         "benchmark": "train_step",
+        **started,
         "model": args.model,
         "rows": ROWS,
         "repeats": args.repeats,

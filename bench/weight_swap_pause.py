@@ -39,10 +39,19 @@ import time
 from pathlib import Path
 
 from agentrl.local_env import use_local_defaults
+from agentrl.testing.benchmarks import provenance
 
 RESULTS = Path(__file__).parent / "results" / "weight_swap_pause.json"
 _ROOT = Path(__file__).resolve().parents[1]
 use_local_defaults(_ROOT / ".cache")
+# The code this bench measures: a change here makes a recorded result stale.
+MEASURED = [
+    "agentrl/core/types.py",
+    "agentrl/core/weights.py",
+    "server/engine.py",
+    "server/vllm_engine.py",
+    "server/vllm_worker_ext.py",
+]
 
 MODELS = {"tiny": "builtin:tiny-qwen2", "smollm2": "builtin:smollm2-135m-instruct"}
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 61, 12, 98]
@@ -197,6 +206,7 @@ async def main() -> None:
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--scale", type=float, default=0.05, help="perturbation (× std)")
     args = parser.parse_args()
+    started = provenance(_ROOT, MEASURED)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     from rich.console import Console
@@ -204,7 +214,13 @@ async def main() -> None:
 
     from agentrl.models import resolve_model_path
 
-    results: dict = {"swaps": args.swaps, "load_avg_start": os.getloadavg()[0], "models": {}}
+    results: dict = {
+        "benchmark": "weight_swap_pause",
+        **started,
+        "swaps": args.swaps,
+        "load_avg_start": os.getloadavg()[0],
+        "models": {},
+    }
     for key in args.models.split(","):
         path = resolve_model_path(MODELS[key])
         weights = _weights(path, args.scale)

@@ -8,11 +8,14 @@ The ``bench/`` folder is found in the current directory, then next to the instal
 from __future__ import annotations
 
 import ast
+import datetime
 import os
 import runpy
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR_ENV = "AGENTRL_BENCH_DIR"
 
@@ -76,11 +79,63 @@ def run_benchmark(name: str, args: list[str], bench_dir: Path | None = None) -> 
     return 0
 
 
-def checkout_commit(root: Path) -> str:
-    """The commit checked out at ``root``, with ``+dirty`` when tracked files have
-    changes: what a benchmark records beside its results."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
-    return f"{head}+dirty" if dirty else head
+RESULTS_DIR = "bench/results"
+"""Where the benchmarks write their JSON: never part of what a result measured."""
+
+
+def checkout_commit(root: Path, measured: Sequence[str | Path] | None = None) -> str | None:
+    """The commit checked out at ``root``, with ``+dirty`` when the code a benchmark
+    measures differs from it: what a benchmark records beside its results, read when it
+    starts (a bench that ran for an hour measured the code it started on).
+
+    ``measured``: the paths (relative to ``root``) whose changes make the tree dirty;
+    by default every tracked file. ``bench/results/`` never counts: a bench's own output
+    (or another bench's, written while it runs) is not the code it measures. ``None``
+    where ``root`` is not a git checkout (or git is missing).
+    """
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    if head.returncode != 0 or not head.stdout.strip():
+        return None
+    paths = [str(p) for p in measured] if measured is not None else ["."]
+    diff = subprocess.run(
+        ["git", "diff", "--quiet", "HEAD", "--", *paths, f":(exclude){RESULTS_DIR}"],
+        cwd=root,
+        capture_output=True,
+    )
+    commit = head.stdout.strip()
+    return f"{commit}+dirty" if diff.returncode != 0 else commit
+
+
+def provenance(root: Path, measured: Sequence[str]) -> dict[str, Any]:
+    """What a benchmark records about the code it measured, taken when it starts:
+    ``commit`` (``checkout_commit`` of the ``measured`` paths), ``date`` (ISO, today)
+    and ``measured`` itself (``bench/stale.py`` compares those paths with HEAD)."""
+    return {
+        "commit": checkout_commit(root, measured),
+        "date": datetime.date.today().isoformat(),
+        "measured": list(measured),
+    }
+
+
+def declared_measured(script: Path) -> list[str] | None:
+    """A bench script's module-level ``MEASURED = [...]`` (the paths it measures), read
+    without importing the script (benches import Ray, vLLM, torch); ``None`` without one.
+    """
+    tree = ast.parse(script.read_text(), str(script))
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign) and node.value is not None
+            else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "MEASURED" for t in targets):
+            value = ast.literal_eval(node.value)
+            return [str(v) for v in value]
+    return None
