@@ -77,7 +77,7 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         "function": {
             "name": "now",
             "description": "The current time.",
-            "parameters": {"type": "object", "properties": {}},
+            "parameters": {"type": "object", "properties": {}, "required": []},
         },
     },
 ]
@@ -486,3 +486,68 @@ class FidelityHarness:
             report.mask_errors += 1
             report.detail.append("gateway sample's mask is not 1 exactly on the engine's tokens")
         return report
+
+
+# --- the real stack: a deterministic tool and an OpenAI-client agent ---------------------
+
+
+def tool_result(name: str, arguments: dict[str, Any]) -> str:
+    """What ``EchoArgumentsTool`` answers: the call itself, with non-ASCII and markup."""
+    return f"{name} → {json.dumps(arguments, sort_keys=True, ensure_ascii=False)} <ok/>"
+
+
+class EchoArgumentsTool(BaseTool):
+    """A tool whose result is a function of its call (``tool_result``), so a test knows
+    every result in advance; load it from YAML with one of ``TOOL_SCHEMAS``."""
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+        return ToolResponse(text=tool_result(self.name, parameters)), 0.0, {}
+
+
+def scripted_row(conversation: Conversation) -> dict[str, Any]:
+    """A dataset row for ``conversation``: its prompt, and in ``extra_info`` the calls and
+    reasoning of each turn for ``openai_tool_agent`` to expect."""
+    turns = [
+        {"reasoning": t.reasoning, "calls": [[c.name, c.arguments] for c in t.calls]}
+        for t in conversation.turns
+    ]
+    return {
+        "prompt": conversation.prompt,
+        "data_source": "fidelity",
+        "reward_model": {"ground_truth": "", "style": "rule"},
+        "extra_info": {"turns": turns},
+    }
+
+
+async def openai_tool_agent(row: dict[str, Any], endpoint: Any) -> float:
+    """An external agent on the plain ``openai`` client: each turn it sends the history
+    with ``TOOL_SCHEMAS``, checks the reply's tool calls and ``reasoning_content`` against
+    the row's script, echoes the reply back and answers each call with ``tool_result``."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
+    messages = list(row["prompt"])
+    for index, turn in enumerate(row["extra_info"]["turns"]):
+        reply = await client.chat.completions.create(
+            model=endpoint.model, messages=messages, tools=TOOL_SCHEMAS, max_tokens=4096
+        )
+        message = reply.choices[0].message
+        calls = [
+            [c.function.name, json.loads(c.function.arguments)] for c in message.tool_calls or []
+        ]
+        if calls != turn["calls"]:
+            raise AssertionError(
+                f"turn {index}: the gateway parsed {calls}, the model made {turn['calls']}"
+            )
+        reasoning = (message.model_extra or {}).get("reasoning_content")
+        expected = turn["reasoning"].strip() if turn["reasoning"] else None
+        if reasoning != expected:
+            raise AssertionError(
+                f"turn {index}: reasoning_content {reasoning!r}, expected {expected!r}"
+            )
+        messages.append(message.model_dump(exclude_none=True))
+        messages.extend(
+            {"role": "tool", "tool_call_id": c.id, "content": tool_result(name, arguments)}
+            for c, (name, arguments) in zip(message.tool_calls or [], calls, strict=True)
+        )
+    return 1.0

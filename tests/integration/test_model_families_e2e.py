@@ -1,0 +1,135 @@
+"""Every model family end to end: `agentrl rollout` on real Ray Serve replicas, the tool
+loop on real agent-loop workers, and the gateway over real HTTP with the `openai` client.
+
+One Ray instance for the module. Per family, one `rollout` run: the replicas are null
+engines scripted with that family's turns (`server.engine.null_script`: a tool-calling
+turn, with reasoning for reasoning families, then an answer, each as the family's
+template writes it), the tools are `EchoArgumentsTool`s loaded from YAML, and the rows
+are one `tool_agent` episode and one `external` episode whose agent drives the gateway
+with the `openai` client (`agentrl.testing.fidelity.openai_tool_agent`, which checks every
+parsed call and the `reasoning_content` itself). Both trajectories must be the template's
+render of the conversation, token for token, with the mask exactly on the engine's turns.
+
+Each family starts its own replicas, gateway and workers (about a minute on 2 cores), so
+the default suite runs two families that between them cover both tool placements and
+reasoning: SmolLM2 (tools in the system prompt, the built-in Hermes parser) and Qwen3
+(the template's `tools=`, vLLM's Hermes and Qwen3 reasoning parsers). The random-
+conversation property covers all five in the unit suite;
+`AGENTRL_E2E_FAMILIES=all` runs this test for all five too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import ray
+import yaml
+from ray import serve
+
+from agentrl.config import load_config
+from agentrl.rollout import rollout
+from agentrl.server.launch import init_ray
+from agentrl.testing.families import FAMILIES, family
+from agentrl.testing.fidelity import (
+    TOOL_SCHEMAS,
+    AssistantTurn,
+    Conversation,
+    FamilyRendering,
+    ToolCallSpec,
+    scripted_row,
+    tool_result,
+)
+
+pytestmark = pytest.mark.integration
+
+PORT = 18791
+E2E_FAMILIES = (
+    sorted(FAMILIES) if os.environ.get("AGENTRL_E2E_FAMILIES") == "all" else ["qwen3", "smollm2"]
+)
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+    init_ray(load_config(None, ["ray.num_cpus=2"]).ray)
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _conversation(reasoning: bool) -> Conversation:
+    calls = [("search", {"query": "Grüße 数据", "limit": 3}), ("set_flags", {"record": 7})]
+    return Conversation(
+        [
+            {"role": "system", "content": "You look things up."},
+            {"role": "user", "content": "Find the record and flag it."},
+        ],
+        [
+            AssistantTurn(
+                "Looking.",
+                "First search, then flag." if reasoning else None,
+                [ToolCallSpec(n, a, tool_result(n, a)) for n, a in calls],
+            ),
+            AssistantTurn("Record 7 is flagged.", "Both calls worked." if reasoning else None),
+        ],
+    )
+
+
+@pytest.mark.parametrize("name", E2E_FAMILIES)
+def test_family_through_replicas_workers_and_the_gateway(name, ray_instance, tmp_path):
+    model = family(name)
+    tokenizer = model.tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    rendering = FamilyRendering(tokenizer, model.tools_in_system_prompt)
+    conversation = _conversation(model.reasoning_parser is not None)
+    messages, outputs = rendering.reference(conversation)
+    reference = rendering.encode(rendering.render(messages, add_generation_prompt=False))
+    tools = [
+        {"class_name": "agentrl.testing.fidelity.EchoArgumentsTool", "tool_schema": schema}
+        for schema in TOOL_SCHEMAS
+    ]
+    (tmp_path / "tools.yaml").write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tmp_path / 'tokenizer'}",
+            "server.engine.backend=null",
+            f"server.engine.null_script={json.dumps(outputs)}",
+            "server.engine.max_model_len=8192",
+            "server.num_replicas=1",
+            f"server.name=family-{name}",
+            f"server.http_port={PORT}",
+            "gateway.enabled=true",
+            f"rollout.tool_parser={model.tool_parser}",
+            f"rollout.reasoning_parser={model.reasoning_parser or 'null'}",
+            f"rollout.tools_in_system_prompt={str(model.tools_in_system_prompt).lower()}",
+            f"rollout.tool_config_path={tmp_path / 'tools.yaml'}",
+            "rollout.max_response_length=4096",
+            "rollout.num_workers=1",
+            "rollout.external.entrypoint=agentrl.testing.fidelity:openai_tool_agent",
+            f"rollout.external.gateway_url=http://127.0.0.1:{PORT}",
+            "reward.reward_fn_name=none",
+        ],
+    )
+    row = scripted_row(conversation)
+    rows = [{**row, "agent_name": "tool_agent"}, {**row, "agent_name": "external"}]
+    result = rollout(cfg, rows=rows, progress=False)
+
+    by_loop = {record["agent_name"]: record for record in result.trajectories}
+    assert set(by_loop) == {"tool_agent", "external"}, result.trajectories
+    engine_tokens = [t for turn in outputs for t in turn]
+    for loop, record in by_loop.items():
+        assert record["error"] is None, (loop, record["error"])
+        ids = record["prompt_ids"] + record["response_ids"]
+        assert ids == reference[: len(ids)] and len(ids) >= len(reference) - 2, loop
+        masked = [
+            t for t, m in zip(record["response_ids"], record["response_mask"], strict=True) if m
+        ]
+        assert masked == engine_tokens, loop
+    metrics = by_loop["tool_agent"]["metrics"]
+    assert metrics["tool_calls/ok"] == len(conversation.calls)
+    assert metrics.get("tool_calls/malformed", 0) == 0
