@@ -15,19 +15,13 @@ from pathlib import Path
 import yaml
 from rich.logging import RichHandler
 
-from agentrl.config import (
-    AgentRLConfig,
-    ConfigError,
-    describe_config,
-    load_config,
-    resolve_user_config,
-)
+from agentrl.config import AgentRLConfig, ConfigError, load_config, resolve_user_config
+from agentrl.config_help import ConfigHelpAction
 from agentrl.placement import rollout_actor_resources
 from agentrl.plugins import PluginError
+from agentrl.preflight import MissingInputs, check_inputs
 
 logger = logging.getLogger("agentrl")
-
-CONFIG_HELP = "dotted overrides, e.g. server.num_replicas=2 model.path=/ckpt. All options:\n  "
 
 
 def _compose(args: argparse.Namespace) -> AgentRLConfig:
@@ -124,10 +118,21 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_data_files(args: argparse.Namespace, cfg: AgentRLConfig) -> list[str]:
+    """The data files ``args.command`` reads: train and eval both splits (``Trainer.setup``
+    loads both), rollout its ``--split``, the others none."""
+    if args.command in ("train", "eval"):
+        return [*cfg.data.train_files, *cfg.data.val_files]
+    if args.command == "rollout":
+        return list(cfg.data.train_files if args.split == "train" else cfg.data.val_files)
+    return []
+
+
 def _rollout(args: argparse.Namespace) -> int:
     from agentrl.rollout.run import rollout
 
     cfg = _load(args)
+    check_inputs(cfg, command_data_files(args, cfg))
     result = rollout(cfg, args.out, split=args.split, limit=args.limit)
     width = max((len(k) for k in result.metrics), default=0)
     lines = [f"  {k:<{width}}  {v:.4g}" for k, v in sorted(result.metrics.items())]
@@ -184,16 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
-    options = "\n  ".join(describe_config())
 
     def config_command(name: str, help_text: str, description: str | None = None):
-        command = commands.add_parser(
-            name,
-            help=help_text,
-            description=description,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=CONFIG_HELP + options,
-        )
+        command = commands.add_parser(name, help=help_text, description=description, add_help=False)
+        command.add_argument("-h", "--help", action=ConfigHelpAction, command=name)
         command.add_argument("config", nargs="?", help="YAML config file (omit for defaults)")
         command.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
         command.add_argument(
@@ -309,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.run(args)
+    except MissingInputs as exc:
+        where = getattr(args, "config", None)
+        hint = f" (the comments at the top of {where} say which)" if where else ""
+        logger.error("%s%s", exc, hint)
+        return 2
     except (ConfigError, ValueError) as exc:
         logger.error("%s", exc)
         return 2

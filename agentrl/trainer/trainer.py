@@ -24,6 +24,7 @@ from agentrl.core.types import INITIAL_WEIGHT_VERSION, SamplingParams
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
 from agentrl.placement import rollout_actor_resources
+from agentrl.preflight import check_inputs
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
@@ -86,9 +87,12 @@ class Trainer:
             ResumeMismatch: the run directory holds another run's checkpoint.
             RunFinished: its last checkpoint is at ``trainer.total_steps``.
             Both before anything starts (``agentrl.trainer.resume``).
+            MissingInputs: a data file, the model directory, the tool or reward file
+                does not exist; also before anything starts (``agentrl.preflight``).
         """
         self.cfg = cfg = resolve_user_config(self.cfg)
         checkpoint = check_resume(cfg)  # before the run directory's config is replaced
+        check_inputs(cfg, [*cfg.data.train_files, *cfg.data.val_files])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)

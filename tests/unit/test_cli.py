@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,11 +40,77 @@ def test_every_command_and_option_has_a_description():
             )
 
 
+def _help(argv: list[str], capsys, monkeypatch, columns: int = 80) -> str:
+    """What ``agentrl ARGV`` prints (it exits 0) in a terminal ``columns`` wide."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def _keys(text: str) -> set[str]:
+    """The config keys a help text lists (each starts an indented line)."""
+    return {m.group(1) for m in re.finditer(r"^  ([a-z_]+(?:\.[a-z_0-9]+)*) \(default", text, re.M)}
+
+
+ALL_KEYS = {line.split(" (default")[0] for line in describe_config()}
+
+
+@pytest.mark.parametrize("name", ["train", "config"])
+def test_train_and_config_help_list_every_config_key(name, capsys, monkeypatch):
+    assert _keys(_help([name, "--help"], capsys, monkeypatch)) == ALL_KEYS
+
+
+@pytest.mark.parametrize("columns", [60, 100])
 @pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout", "config"])
-def test_config_commands_list_every_config_option_in_help(name):
-    text = _subparsers(build_parser())[name].format_help()
-    for line in describe_config():
-        assert line.split(" (default")[0] in text
+def test_help_fits_the_terminal_under_section_headings(name, columns, capsys, monkeypatch):
+    text = _help([name, "--help"], capsys, monkeypatch, columns)
+    assert max(len(line) for line in text.splitlines()) <= columns
+    heading, headings = None, []
+    for line in text.splitlines():
+        if re.fullmatch(r"[a-z_]+:", line):
+            heading = line[:-1]
+            headings.append(heading)
+        elif key := re.match(r"  ([a-z_.0-9]+) \(default", line):
+            assert key.group(1).split(".")[0] == heading, line  # under its section's heading
+    assert {"plugins", "model", "server", "ray"} <= set(headings)
+    assert len(headings) == len(set(headings))
+
+
+def test_each_command_lists_only_the_sections_it_reads(capsys, monkeypatch):
+    serve = _keys(_help(["serve", "--help"], capsys, monkeypatch))
+    assert "server.num_replicas" in serve and "gateway.enabled" in serve
+    assert "placement.rollout.node_resource" in serve
+    for absent in ("trainer.", "algorithm.", "workers.", "data.", "placement.trainer."):
+        assert not any(k.startswith(absent) for k in serve), absent
+    rollout = _keys(_help(["rollout", "--help"], capsys, monkeypatch))
+    assert {"data.val_files", "rollout.agent_name", "reward.reward_fn_path"} <= rollout
+    assert not any(k.startswith(("trainer.", "algorithm.")) for k in rollout)
+    evaluate = _keys(_help(["eval", "--help"], capsys, monkeypatch))
+    assert {"trainer.val_n", "workers.actor.world_size", "weight_sync.kind"} <= evaluate
+    assert not any(k.startswith(("algorithm.", "workers.critic.")) for k in evaluate)
+
+
+def test_a_choice_lists_its_allowed_values(capsys, monkeypatch):
+    text = _help(["train", "--help"], capsys, monkeypatch, 200)
+    assert "trainer.stale_policy (default 'drop'; one of: drop, downweight)" in text
+    assert "one of: error, allow" in text  # trainer.resume_mismatch
+
+
+def test_help_section_shows_only_that_section(capsys, monkeypatch):
+    keys = _keys(_help(["train", "--help", "rollout"], capsys, monkeypatch))
+    assert "rollout.agent_name" in keys and all(k.startswith("rollout.") for k in keys)
+    engine = _keys(_help(["serve", "--help", "server.engine"], capsys, monkeypatch))
+    assert "server.engine.backend" in engine
+    assert all(k.startswith("server.engine.") for k in engine)
+
+
+def test_help_of_a_section_the_command_does_not_read_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help", "trainer"])
+    assert exit_.value.code == 2
+    assert "reads no config section 'trainer'" in capsys.readouterr().err
 
 
 @pytest.fixture
