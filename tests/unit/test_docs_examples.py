@@ -5,6 +5,15 @@ Conventions the guides follow (see docs/README.md): a code block whose first lin
 working directory and on ``sys.path``; other Python blocks of a guide run in order in one
 namespace (top-level ``await`` allowed); every ``agentrl ...`` line of a bash block is
 parsed by the real CLI parser and its config file + overrides are validated.
+
+Every command of a bash block is accounted for. A page runs top to bottom in a scratch
+folder that holds the checkout's ``recipes/`` and ``configs/`` (a fresh clone): Python
+blocks run, ``python ...`` commands run (the data-making steps), and each ``agentrl``
+command finds the data, model, tool and reward files its config names. A command that
+cannot run here (docker, a cluster, GPUs, a running server, minutes of Ray) has a
+``# not run in tests: WHY`` comment at the end of its line, or on a line above it that
+covers the rest of its block; those are listed as skipped by
+``test_commands_not_run_here``. Any other command fails the page.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import ast
 import inspect
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +33,9 @@ import yaml
 
 from agentrl.algos.advantages import get_adv_estimator
 from agentrl.algos.policy_losses import get_policy_loss
-from agentrl.cli import parse_args
-from agentrl.config import load_config
+from agentrl.cli import command_data_files, parse_args
+from agentrl.config import AgentRLConfig, load_config
+from agentrl.preflight import missing_inputs
 from agentrl.testing.benchmarks import available_benchmarks, find_bench_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +53,10 @@ GUIDES = (
 )
 PENDING_LINKS: set[str] = set()
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
-CONFIG_COMMANDS = {"train", "eval", "serve", "rollout"}
+NOT_RUN_MARKER = re.compile(r"#\s*not run in tests:\s*(\S.*?)\s*$")
+CONFIG_COMMANDS = {"train", "eval", "serve", "rollout", "config"}
+PYTHON = ("python", ".venv/bin/python")
+CHECKOUT = ("recipes", "configs")  # what the pages' commands use of a fresh clone
 
 
 @dataclass
@@ -70,24 +85,94 @@ def write_files(guide: str, folder: Path) -> dict[str, Path]:
     return files
 
 
-def agentrl_commands(guide: str) -> list[list[str]]:
-    """argv (after ``agentrl``) of every agentrl command in the guide's bash blocks."""
+@dataclass
+class Command:
+    """One command of a bash block: a line (continuations joined) or a part of it
+    between ``&&``, ``;`` or ``|``."""
+
+    line: str  # as on the page, without its marker
+    words: list[str]  # environment assignments dropped
+    not_run: str | None  # the reason of its ``# not run in tests:`` marker
+
+    @property
+    def is_agentrl(self) -> bool:
+        return self.words[0] == "agentrl" or self.words[0].endswith("/agentrl")
+
+
+def block_commands(block: Block) -> list[Command]:
+    """The commands of a bash block, each with the marker that covers it (if any)."""
     commands = []
-    for block in blocks(guide):
-        if block.lang != "bash":
+    covering = None  # a marker on a line of its own covers the lines below it
+    for line in block.code.replace("\\\n", " ").splitlines():
+        marker = NOT_RUN_MARKER.search(line)
+        if line.lstrip().startswith("#"):
+            covering = marker.group(1) if marker else covering
             continue
-        for line in block.code.replace("\\\n", " ").splitlines():
-            for part in re.split(r"&&|;|\|", line):
-                words = shlex.split(part, comments=True)
-                while words and re.match(r"^\w+=", words[0]):
-                    words.pop(0)  # environment assignments
-                if words and (words[0] == "agentrl" or words[0].endswith("/agentrl")):
-                    commands.append(words[1:])
+        for part in re.split(r"&&|;|\|", line):
+            words = shlex.split(part, comments=True)
+            while words and re.match(r"^\w+=", words[0]):
+                words.pop(0)  # environment assignments
+            if words:
+                reason = marker.group(1) if marker else covering
+                commands.append(Command(NOT_RUN_MARKER.sub("", line).strip(), words, reason))
     return commands
 
 
-async def run_snippets(guide: str, namespace: dict[str, Any]) -> None:
+def guide_commands(guide: str) -> list[Command]:
+    return [c for b in blocks(guide) if b.lang == "bash" for c in block_commands(b)]
+
+
+def agentrl_commands(guide: str) -> list[list[str]]:
+    """argv (after ``agentrl``) of every agentrl command in the guide's bash blocks."""
+    return [c.words[1:] for c in guide_commands(guide) if c.is_agentrl]
+
+
+def command_config(argv: list[str], files: dict[str, Path]) -> tuple[Any, AgentRLConfig | None]:
+    """The parsed command line and, for a config command, its validated config (the
+    page's own files first, then the checkout's; ``CONFIG`` stands for defaults)."""
+    args = parse_args(argv)
+    if args.command not in CONFIG_COMMANDS:
+        return args, None
+    config = args.config
+    if config == "CONFIG":
+        config = None
+    elif config is not None:
+        config = str(files.get(config, ROOT / config))
+    cfg = load_config(config, args.overrides)
+    get_adv_estimator(cfg.algorithm.adv_estimator)
+    get_policy_loss(cfg.algorithm.policy_loss.loss_mode)
+    return args, cfg
+
+
+def run_command(command: Command, files: dict[str, Path]) -> None:
+    """Run or check one command in the working directory (see the module docstring)."""
+    if command.not_run:
+        return
+    if command.is_agentrl:
+        args, cfg = command_config(command.words[1:], files)
+        if cfg is not None:
+            missing = missing_inputs(cfg, command_data_files(args, cfg))
+            assert not missing, f"`{command.line}`: {missing} (no earlier step makes them)"
+    elif command.words[0] in PYTHON:
+        done = subprocess.run(
+            [sys.executable, *command.words[1:]], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"`{command.line}` failed:\n{done.stderr[-2000:]}"
+    else:
+        raise AssertionError(
+            f"`{command.line}` is neither run nor checked by this test: make it an agentrl or "
+            "python command, or mark it `# not run in tests: WHY`"
+        )
+
+
+async def run_guide(guide: str, namespace: dict[str, Any]) -> None:
+    """Run the guide top to bottom in the working directory: its files written, Python
+    blocks run in ``namespace``, bash commands run or checked (``run_command``)."""
+    files = write_files(guide, Path.cwd())
     for index, block in enumerate(blocks(guide)):
+        if block.lang == "bash":
+            for command in block_commands(block):
+                run_command(command, files)
         if block.lang != "python" or block.file:
             continue
         code = compile(
@@ -100,7 +185,10 @@ async def run_snippets(guide: str, namespace: dict[str, Any]) -> None:
 
 @pytest.fixture
 def workspace(tmp_path, monkeypatch, tiny_checkpoint):
-    """A scratch working directory on sys.path (the guides' files are written there)."""
+    """A scratch working directory on sys.path (the guides' files are written there),
+    holding the checkout's folders the pages' commands use, as a fresh clone would."""
+    for name in CHECKOUT:
+        (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
@@ -113,19 +201,66 @@ def test_every_agentrl_command_parses_and_its_config_validates(guide, tmp_path):
     assert commands, f"{guide} shows no agentrl command"
     benchmarks = available_benchmarks(find_bench_dir())
     for argv in commands:
-        args = parse_args(argv)
+        args, _ = command_config(argv, files)
         if args.command == "bench":
             assert args.name in benchmarks, argv
-        if args.command not in CONFIG_COMMANDS:
-            continue
-        config = args.config
-        if config == "CONFIG":
-            config = None
-        elif config is not None:
-            config = str(files.get(config, ROOT / config))
-        cfg = load_config(config, args.overrides)
-        get_adv_estimator(cfg.algorithm.adv_estimator)
-        get_policy_loss(cfg.algorithm.policy_loss.loss_mode)
+
+
+GUIDES_WITH_OWN_RUN = {
+    "agent-loops.md",
+    "tools.md",
+    "external-agents.md",
+    "rewards.md",
+    "training-runs.md",
+}
+
+
+@pytest.mark.parametrize("guide", [g for g in GUIDES if g not in GUIDES_WITH_OWN_RUN])
+async def test_guide_runs_top_to_bottom(guide, workspace):
+    await run_guide(guide, {})
+
+
+NOT_RUN = [(g, c) for g in GUIDES for c in guide_commands(g) if c.not_run]
+
+
+@pytest.mark.parametrize(
+    ("guide", "command"), NOT_RUN, ids=[f"{g}:{c.words[0]}" for g, c in NOT_RUN]
+)
+def test_commands_not_run_here(guide, command):
+    """Listed as skipped, with the reason the page gives next to the command."""
+    pytest.skip(f"{guide}: `{command.line}`: {command.not_run}")
+
+
+def test_the_marker_covers_its_line_or_the_rest_of_its_block():
+    block = Block(
+        "bash",
+        "python a.py\n# not run in tests: needs docker\ndocker build .\ndocker run x\n"
+        "ls  # not run in tests: an example\n",
+        None,
+    )
+    assert [(c.words[0], c.not_run) for c in block_commands(block)] == [
+        ("python", None),
+        ("docker", "needs docker"),
+        ("docker", "needs docker"),
+        ("ls", "an example"),
+    ]
+
+
+def test_an_unmarked_command_that_is_not_run_fails_the_page():
+    (command,) = block_commands(Block("bash", "docker build .\n", None))
+    with pytest.raises(AssertionError, match="not run in tests: WHY"):
+        run_command(command, {})
+
+
+def test_a_train_command_whose_data_no_step_makes_fails_the_page(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (command,) = block_commands(
+        Block("bash", "agentrl train CONFIG data.train_files=[train.jsonl]\n", None)
+    )
+    with pytest.raises(AssertionError, match=r"train\.jsonl"):
+        run_command(command, {})
+    (tmp_path / "train.jsonl").write_text("")
+    run_command(command, {})
 
 
 @pytest.mark.parametrize("guide", GUIDES)
@@ -151,9 +286,8 @@ def test_every_guide_is_linked_from_the_index_and_links_resolve():
 
 
 async def test_agent_loop_guide_runs(workspace):
-    write_files("agent-loops.md", workspace)
     namespace: dict[str, Any] = {}
-    await run_snippets("agent-loops.md", namespace)
+    await run_guide("agent-loops.md", namespace)
     out, client = namespace["out"], namespace["client"]
     assert out.metrics == {"attempts": 2, "solved": 1}
     assert out.num_turns == 3
@@ -170,9 +304,8 @@ async def test_agent_loop_guide_runs(workspace):
 
 
 async def test_tools_guide_runs(workspace):
-    write_files("tools.md", workspace)
     namespace: dict[str, Any] = {}
-    await run_snippets("tools.md", namespace)
+    await run_guide("tools.md", namespace)
     assert sorted(namespace["tools"]) == ["calculator", "convert", "notebook"]
     assert namespace["response"].text == "3.107 mi"
     out, tokenizer = namespace["out"], namespace["tokenizer"]
@@ -192,9 +325,8 @@ async def test_tools_guide_runs(workspace):
 
 
 async def test_external_agent_guide_runs(workspace):
-    write_files("external-agents.md", workspace)
     namespace: dict[str, Any] = {}
-    await run_snippets("external-agents.md", namespace)
+    await run_guide("external-agents.md", namespace)
     sample = namespace["sample"]
     assert sample.reward == 1.0
     assert sample.num_turns == 3
@@ -203,9 +335,8 @@ async def test_external_agent_guide_runs(workspace):
 
 
 async def test_reward_guide_runs(workspace):
-    write_files("rewards.md", workspace)
     namespace: dict[str, Any] = {}
-    await run_snippets("rewards.md", namespace)
+    await run_guide("rewards.md", namespace)
     batch = namespace["batch"]
     assert batch.scores == [1.0, 0.0]
     assert batch.metrics["reward/acc/mean"] == 0.5
@@ -220,6 +351,6 @@ async def test_reward_guide_runs(workspace):
 
 async def test_training_runs_guide_runs(workspace):
     namespace: dict[str, Any] = {}
-    await run_snippets("training-runs.md", namespace)
+    await run_guide("training-runs.md", namespace)
     assert sorted(namespace["report"].written) == ["accuracy", "overview", "reward"]
     assert (workspace / "runs" / "demo" / "plots" / "reward.png").exists()
