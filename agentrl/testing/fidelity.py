@@ -261,9 +261,11 @@ class FamilyRendering:
             )
             message["content"] = "\n".join([turn.content, *blocks]).lstrip("\n")
         else:
+            # Ids of 9 letters and digits, as Mistral's formats require (templates that
+            # write ids write these into the model's turn; the others ignore them).
             message["tool_calls"] = [
                 {
-                    "id": f"call_{i}",
+                    "id": f"call{i:05d}",
                     "type": "function",
                     "function": {"name": c.name, "arguments": copy.deepcopy(c.arguments)},
                 }
