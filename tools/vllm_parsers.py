@@ -93,9 +93,11 @@ class VLLMToolCallParser(ToolCallParser):
             parser_cls = ToolParserManager.get_tool_parser(name)
         except KeyError:
             raise UnknownParser("tool", name, ToolParserManager.list_registered()) from None
-        # vLLM logs a traceback for every call it cannot parse; here each one becomes an
-        # error message to the model and a `tool_calls/malformed` count instead.
-        logging.getLogger(parser_cls.__module__).setLevel(logging.CRITICAL)
+        # vLLM logs a traceback for every call it cannot parse (from the parser's module, or
+        # from the shared parser engine under vllm.parser for the newer ones); here each
+        # one becomes an error message to the model and a `tool_calls/malformed` count.
+        for logger_name in (parser_cls.__module__, "vllm.parser"):
+            logging.getLogger(logger_name).setLevel(logging.CRITICAL)
         self.name = name
         self._request = _request(tools)
         self._parser = parser_cls(tokenizer, self._request.tools)
