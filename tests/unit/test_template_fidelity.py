@@ -160,33 +160,57 @@ def _post(client: TestClient, session: str, messages: list[dict]) -> dict:
     return response.json()["choices"][0]["message"]
 
 
-@pytest.mark.parametrize("echo_reasoning", [True, False])
-def test_gateway_returns_reasoning_and_a_reply_echoed_without_it_diverges(echo_reasoning):
+# How the client's second request repeats the first call, and whether that is still the
+# conversation the model saw (True: one sample continues; False: a divergence).
+HISTORY_CHANGES = {
+    "echoed as returned": True,
+    "arguments re-serialized": True,  # same JSON object, other spacing: same conversation
+    "reasoning dropped": False,
+    "user message rewritten": False,
+    "system prompt added": False,
+}
+
+
+def _second_request(change: str, prompt: list[dict], reply: dict, tool: dict) -> list[dict]:
+    echoed = {k: v for k, v in reply.items() if k != "reasoning" and v is not None}
+    if change == "arguments re-serialized":
+        [call] = echoed["tool_calls"] = [dict(c) for c in echoed["tool_calls"]]
+        arguments = json.loads(call["function"]["arguments"])
+        call["function"] = {**call["function"], "arguments": json.dumps(arguments, indent=2)}
+    if change == "reasoning dropped":
+        echoed.pop("reasoning_content")
+    if change == "user message rewritten":
+        prompt = [{**prompt[0], "content": prompt[0]["content"].upper()}]
+    if change == "system prompt added":
+        prompt = [{"role": "system", "content": "Be brief."}, *prompt]
+    return [*prompt, echoed, tool]
+
+
+@pytest.mark.parametrize("change", sorted(HISTORY_CHANGES))
+def test_gateway_continues_only_the_history_the_model_saw(change):
     h, client, outputs, conversation = _qwen3_gateway()
-    session = f"reasoning-{echo_reasoning}"
+    session = "history-" + change.replace(" ", "-")
     first = _post(client, session, conversation.prompt)
     assert first["reasoning_content"] == "I should search."
     assert first["reasoning"] == "I should search."
     [call] = first["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == {"query": "q"}
-    echoed = {k: v for k, v in first.items() if k != "reasoning" and v is not None}
-    if not echo_reasoning:
-        echoed.pop("reasoning_content")
     tool = {"role": "tool", "tool_call_id": call["id"], "content": "hit"}
-    second = _post(client, session, [*conversation.prompt, echoed, tool])
+    second = _post(client, session, _second_request(change, conversation.prompt, first, tool))
     assert second["content"] == "It is q."
     assert second["reasoning_content"] == "The search found it."
 
     stats = client.post(f"/v1/sessions/{session}/finish", json={}).json()
     [(_, samples, _)] = h.sink.drain()
     engine_saw = h.engine.calls[-1].prompt_ids + outputs[-1]
-    if echo_reasoning:
+    if HISTORY_CHANGES[change]:
         # One token-exact sample: the first reply's ids (reasoning included) reused.
         assert len(samples) == 1
+        assert stats["metrics"]["gateway/divergences"] == 0
         assert samples[0].prompt_ids + samples[0].response_ids == engine_saw
     else:
-        # The history the client sent is not what the model saw: a divergence, and the
-        # second call's sample is its own prompt (re-rendered) plus what it generated.
+        # Not the history the model saw: a divergence; each sample is what the engine saw
+        # for its call (the second one's prompt re-rendered from the client's messages).
         assert len(samples) == 2
         assert stats["metrics"]["gateway/divergences"] == 1
         assert samples[1].prompt_ids + samples[1].response_ids == engine_saw
