@@ -127,3 +127,31 @@ def test_no_tool_control_rows_report_their_own_accuracy():
     control = {"control": "no_tool"}
     assert score("m", "\\boxed{4}", "4", control) == {"score": 1.0, "no_tool_acc": 1.0}
     assert score("m", "\\boxed{5}", "4", control) == {"score": -1.0, "no_tool_acc": 0.0}
+
+
+def test_the_one_gpu_recipe_places_its_replica_and_rank_on_one_gpu():
+    """gpu-1.yaml: one vLLM replica and one FSDP rank whose Ray GPU fractions add up to
+    one card (the rank's placement-group bundle fits what the replica leaves), a vLLM
+    memory share that does not grow with the card, and no NCCL between two processes
+    on one device."""
+    from agentrl.placement import group_sizes, node_capacities, rank_bundle
+
+    cfg = load_config(RECIPE / "gpu-1.yaml")
+    server, actor = cfg.server, cfg.workers.actor
+    assert (server.num_replicas, server.engine.tensor_parallel_size, actor.world_size) == (1, 1, 1)
+    assert server.num_gpus_per_replica + actor.num_gpus_per_worker <= 1.0
+    assert 0 < server.num_gpus_per_replica < 1 and 0 < actor.num_gpus_per_worker < 1
+    # A 16-CPU, 1-GPU node after the replica took its share holds the rank's bundle.
+    bundle = rank_bundle(actor.num_cpus_per_worker, actor.num_gpus_per_worker)
+    free = {"CPU": 16.0, "GPU": 1.0 - server.num_gpus_per_replica}
+    assert node_capacities(bundle, [free]) == [1]
+    assert group_sizes(1, None, node_capacities(bundle, [free])) == [1]
+    engine = server.engine
+    assert engine.backend == "vllm" and engine.kv_cache_memory_bytes is not None
+    assert engine.gpu_memory_utilization <= 0.25
+    assert engine.max_model_len >= cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    assert cfg.weight_sync.kind == "object_store"
+    # Neither a reference nor a critic asks for a GPU of its own.
+    assert not (cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward)
+    assert cfg.algorithm.adv_estimator != "gae"
+    assert actor.fsdp.gradient_checkpointing and actor.fsdp.param_dtype == "bfloat16"
