@@ -30,7 +30,20 @@ measured:
    run, at b5ed9c7, found the engine without a device option and failing on CUDA; its
    script moved the model by hand and patched ``DecodeBatch.remove``. See README.md.)
 
+3. **Memory probe** (``--memory-probe RECIPE``, alone): the recipe's actor settings
+   (``load_config`` → ``workers.actor``: precision, gradient checkpointing, micro-batch
+   token budget, AdamW; its ``algorithm`` for the loss) on a randomly initialised model
+   of Qwen2.5-1.5B-Instruct's architecture (``QWEN25_15B``; ``--probe-tiny``, the default
+   on cpu, a scaled-down one at 512 tokens), one rank: setup, one ``compute_log_prob`` and
+   ``--probe-updates`` ``update_actor`` calls on one full micro-batch (rows of 16 prompt
+   tokens and the longest responses the recipe allows, the whole token budget, every
+   response token trained on). Recorded per phase: ``max_memory_allocated``,
+   ``max_memory_reserved`` (peaks of that phase), what stays allocated, the card's memory
+   in use (CUDA context included), and wall time. Written under ``memory_probe`` of
+   ``--out``, whose other keys are kept.
+
     python bench/gpu_check.py [--device cuda|cpu] [--sizes tiny,small] [--out PATH]
+    python bench/gpu_check.py --memory-probe recipes/retool/gpu-1.yaml [--out PATH]
 
 On a machine without agentrl installed, ``bench/gpu_check.sh`` puts it on the path first.
 Prints a table; writes JSON to ``--out`` (default ``bench/results/gpu_check.json``).
@@ -571,6 +584,212 @@ async def engine_checks(
     return result
 
 
+# -- 3. memory probe: a recipe's trainer at its real model size ------------------------------
+
+# Qwen2.5-1.5B-Instruct's config.json (no hub access on the device): 1.54B parameters with
+# the tied 151936 × 1536 embedding; 28 layers, hidden 1536, MLP 8960, 12 query heads and
+# 2 KV heads of 128, q/k/v biases (Qwen2's default), RMSNorm eps 1e-6, rope theta 1e6.
+QWEN25_15B = {
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "intermediate_size": 8960,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1_000_000.0,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+# The same shape scaled down, for a quick run of the code path on the CPU.
+QWEN25_TINY = {
+    **QWEN25_15B,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1024,
+}
+PROBE_PROMPT = 16  # prompt tokens of each probe row: the rest of the budget is response
+GB = 1e9
+
+
+def probe_recipe(path: str) -> tuple[Any, Any, int, str | None]:
+    """(workers.actor, algorithm, rollout.max_response_length, why load_config failed)."""
+    try:
+        from agentrl.config import load_config
+
+        cfg = load_config(path)
+        return cfg.workers.actor, cfg.algorithm, cfg.rollout.max_response_length, None
+    except ImportError as exc:  # a dependency of the full config missing on the device
+        import yaml
+
+        from agentrl.algos import AlgorithmConfig
+        from agentrl.trainer.config import ActorConfig
+
+        tree = yaml.safe_load(Path(path).read_text())
+        return (
+            ActorConfig.model_validate(tree.get("workers", {}).get("actor", {})),
+            AlgorithmConfig.model_validate(tree.get("algorithm", {})),
+            int(tree.get("rollout", {}).get("max_response_length", 2048)),
+            error_text(exc),
+        )
+
+
+def probe_batch(budget: int, max_response: int, vocab: int) -> dict[str, torch.Tensor]:
+    """One full micro-batch: rows of ``PROBE_PROMPT`` prompt tokens and the longest
+    responses the recipe allows, ``budget`` real tokens in all, every response token
+    trained on (the most logits a micro-batch can hold), GRPO-like ±1 advantages."""
+    rows = -(-budget // (max_response + PROBE_PROMPT))
+    response = budget // rows - PROBE_PROMPT
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (rows, PROBE_PROMPT + response), generator=g)
+    mask = torch.ones(rows, response)
+    sign = (torch.arange(rows) % 2 * 2 - 1).float()[:, None]
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "response_mask": mask,
+        "advantages": sign * mask,
+    }
+
+
+def memory_snapshot(device: torch.device) -> dict[str, float]:
+    """Peak and current allocator memory (GB, 1e9 bytes) since the last reset; on CUDA
+    also what the card has in use in all (allocator + CUDA context + NCCL)."""
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "max_allocated_gb": torch.cuda.max_memory_allocated(device) / GB,
+        "max_reserved_gb": torch.cuda.max_memory_reserved(device) / GB,
+        "allocated_gb": torch.cuda.memory_allocated(device) / GB,
+        "reserved_gb": torch.cuda.memory_reserved(device) / GB,
+        "device_used_gb": (total - free) / GB,
+    }
+
+
+def memory_probe(
+    recipe: str, device: torch.device, *, tiny: bool, tokens: int | None, updates: int
+) -> dict[str, Any]:
+    """A recipe's actor (its precision, gradient checkpointing, token budget, optimizer)
+    on a randomly initialised model of Qwen2.5-1.5B-Instruct's architecture (``tiny``:
+    the scaled-down shape): setup, one ``compute_log_prob`` and ``updates``
+    ``update_actor`` calls on one full micro-batch; memory and time of each phase."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from agentrl.trainer.losses import make_actor_loss
+    from agentrl.trainer.packed_attention import register_packed_sdpa
+
+    actor_cfg, algorithm, max_response, why = probe_recipe(recipe)
+    budget = tokens or (512 if tiny else actor_cfg.max_tokens_per_micro_batch)
+    # One rank; the recipe's own token budget for both passes.
+    actor_cfg = actor_cfg.model_copy(update={"world_size": 1, "max_tokens_per_micro_batch": budget})
+    shape = QWEN25_TINY if tiny else QWEN25_15B
+    model_config = Qwen2Config(**shape)
+    actor_worker, stubbed = import_actor_worker()
+
+    class ProbeActor(actor_worker):  # type: ignore[misc, valid-type]
+        """The real worker; only the weights are random (from ``model_config``) rather
+        than read from a checkpoint: float32 on the CPU, as ``load_causal_lm`` gives."""
+
+        def _load_model(self) -> torch.nn.Module:
+            register_packed_sdpa()
+            return AutoModelForCausalLM.from_config(
+                model_config,
+                dtype=torch.float32,
+                attn_implementation=self.config.fsdp.attn_implementation,
+            )
+
+    batch = probe_batch(budget, max_response, model_config.vocab_size)
+    fsdp = actor_cfg.fsdp
+    result: dict[str, Any] = {
+        "recipe": recipe,
+        "model": "Qwen2.5-1.5B-Instruct architecture, random init"
+        if not tiny
+        else "Qwen2.5 architecture scaled down (CPU code-path check)",
+        "model_config": shape,
+        "actor": {
+            "param_dtype": fsdp.param_dtype,
+            "reduce_dtype": fsdp.reduce_dtype,
+            "gradient_checkpointing": fsdp.gradient_checkpointing,
+            "attn_implementation": fsdp.attn_implementation,
+            "max_tokens_per_micro_batch": budget,
+            "optimizer": f"AdamW lr {actor_cfg.optim.lr} wd {actor_cfg.optim.weight_decay}",
+        },
+        "batch": {
+            "rows": batch["input_ids"].shape[0],
+            "prompt_tokens_per_row": PROBE_PROMPT,
+            "response_tokens_per_row": batch["response_mask"].shape[1],
+            "tokens": int(batch["attention_mask"].sum()),
+            "loss_tokens": int(batch["response_mask"].sum()),
+        },
+        "load_config_failed": why,
+        "weight_sync_stubbed": stubbed,
+        "units": "GB = 1e9 bytes; max_* are the peaks of each phase alone",
+    }
+    worker = ProbeActor(actor_cfg, "random-init", rank=0, world_size=1, total_training_steps=10)
+    phases: dict[str, Any] = {}
+    result["phases"] = phases
+    try:
+        start = time.perf_counter()
+        worker.setup("127.0.0.1", free_port())
+        sync(worker.device)
+        phases["setup"] = {"seconds": time.perf_counter() - start, **memory_snapshot(device)}
+        result["parameters"] = sum(p.numel() for p in worker.model.parameters())
+        result["device"] = str(worker.device)
+
+        def phase(name: str, call: Any) -> Any:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            start = time.perf_counter()
+            value = call()
+            sync(device)
+            phases[name] = {"seconds": time.perf_counter() - start, **memory_snapshot(device)}
+            print(f"   {name}: {phases[name]}", flush=True)
+            return value
+
+        old = phase("compute_log_prob", lambda: worker.compute_log_prob(batch))["log_probs"]
+        shards, _ = shard_mini_batches_one({**batch, "old_log_probs": old})
+        loss_fn = make_actor_loss(algorithm)
+        entropy_grad = algorithm.kl.entropy_coeff > 0
+        for i in range(updates):
+            metrics = phase(
+                f"update_actor_{i + 1}",
+                lambda: worker.update_actor(
+                    shards, loss_fn, with_entropy=True, entropy_grad=entropy_grad
+                ),
+            )
+            phases[f"update_actor_{i + 1}"]["loss"] = metrics["actor/loss"]
+            phases[f"update_actor_{i + 1}"]["grad_norm"] = metrics["actor/grad_norm"]
+        if device.type == "cuda":
+            peaks = [p["max_allocated_gb"] for p in phases.values()]
+            result["peak_allocated_gb"] = max(peaks)
+            result["peak_reserved_gb"] = max(p["max_reserved_gb"] for p in phases.values())
+            result["peak_device_used_gb"] = max(p["device_used_gb"] for p in phases.values())
+            result["card_total_gb"] = torch.cuda.mem_get_info(device)[1] / GB
+    except Exception as exc:
+        traceback.print_exc()
+        result["error"] = error_text(exc)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return result
+
+
+def shard_mini_batches_one(batch: dict[str, torch.Tensor]) -> tuple[Any, int]:
+    """The whole probe batch as one mini-batch of one rank (one optimizer step)."""
+    from agentrl.trainer.dispatch import shard_mini_batches
+
+    shards, count = shard_mini_batches(batch, 1, batch["input_ids"].shape[0])
+    return shards[0], count
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -638,6 +857,26 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the checkpoints are built")
     parser.add_argument("--commit", default=None, help="recorded commit (default: git HEAD)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument(
+        "--memory-probe",
+        metavar="RECIPE",
+        default=None,
+        help="only the memory probe of RECIPE's actor (e.g. recipes/retool/gpu-1.yaml), "
+        "written under the key memory_probe of --out (its other keys kept)",
+    )
+    parser.add_argument(
+        "--probe-tokens",
+        type=int,
+        default=None,
+        help="micro-batch token budget (default: the recipe's; 512 with --probe-tiny)",
+    )
+    parser.add_argument("--probe-updates", type=int, default=2, help="update_actor calls")
+    parser.add_argument(
+        "--probe-tiny",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the scaled-down model (default: on cpu only)",
+    )
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -658,9 +897,7 @@ def main() -> None:
     from agentrl.models.tiny import build_tiny_checkpoint
     from agentrl.testing.benchmarks import checkout_commit
 
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check_"))
-    results: dict[str, Any] = {
-        "benchmark": "gpu_check",
+    provenance: dict[str, Any] = {
         # Where git is missing (the device image), --commit says what was checked out.
         "commit": args.commit or checkout_commit(ROOT, MEASURED),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -672,11 +909,37 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "batch": {"rows": ROWS, "prompt_width": PROMPT, "response_width": RESPONSE},
-        "sizes": {},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.memory_probe:
+        tiny = device.type == "cpu" if args.probe_tiny is None else args.probe_tiny
+        print(f"== memory probe: {args.memory_probe} ({'tiny' if tiny else '1.5B'})", flush=True)
+        start = time.perf_counter()
+        probe = provenance | memory_probe(
+            args.memory_probe,
+            device,
+            tiny=tiny,
+            tokens=args.probe_tokens,
+            updates=args.probe_updates,
+        )
+        probe["total_s"] = time.perf_counter() - start
+        existing = json.loads(out.read_text()) if out.exists() else {"benchmark": "gpu_check"}
+        existing["memory_probe"] = probe
+        out.write_text(json.dumps(existing, indent=2, default=str))
+        for key in ("peak_allocated_gb", "peak_reserved_gb", "peak_device_used_gb", "error"):
+            if key in probe:
+                print(f"{key}: {probe[key]}")
+        print(f"wrote {out} (memory_probe, {probe['total_s']:.0f} s)")
+        return
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gpu_check_"))
+    results: dict[str, Any] = {
+        "benchmark": "gpu_check",
+        **provenance,
+        "batch": {"rows": ROWS, "prompt_width": PROMPT, "response_width": RESPONSE},
+        "sizes": {},
+    }
 
     def save() -> None:  # after every section: a run cut short still leaves its numbers
         out.write_text(json.dumps(results, indent=2, default=str))
