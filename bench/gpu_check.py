@@ -741,7 +741,7 @@ def memory_probe(
         sync(worker.device)
         phases["setup"] = {"seconds": time.perf_counter() - start, **memory_snapshot(device)}
         result["parameters"] = sum(p.numel() for p in worker.model.parameters())
-        result["device"] = str(worker.device)
+        result["torch_device"] = str(worker.device)
 
         def phase(name: str, call: Any) -> Any:
             if device.type == "cuda":
