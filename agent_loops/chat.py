@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -51,6 +51,10 @@ class ChatRenderer:
     ``tools_system_prompt``, into a system message for templates that ignore ``tools=``.
     Renders whose shape is cached (see ``agentrl.chat_template``) and short are done on
     the event loop; the rest go to the template thread.
+
+    ``stop_tokens``: tokens besides eos that end a model turn (the tool-call format's
+    ``end_of_turn_tokens``: Harmony's ``<|call|>``); a turn ending with any of them is
+    finished, and the template's own end-of-turn text is not written again after it.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         tools_system_prompt: str | None = None,
         fast_path: bool = True,
+        stop_tokens: Sequence[str] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self._tools_system_prompt = tools_system_prompt
@@ -70,6 +75,13 @@ class ChatRenderer:
         self._decode = text_decoder(tokenizer)
         # Read once: attribute access on transformers tokenizers is slow.
         self.eos_token_id: int | None = tokenizer.eos_token_id
+        extra = [token for token in stop_tokens if token != self._eos_text]
+        self._stop_texts: tuple[str, ...] = tuple(t for t in (self._eos_text, *extra) if t)
+        extra_ids = tokenizer.convert_tokens_to_ids(extra) if extra else []
+        # The ids that end a model turn: eos and the format's stop tokens.
+        self.stop_token_ids: frozenset[int] = frozenset(
+            i for i in (self.eos_token_id, *extra_ids) if i is not None
+        )
 
     def _with_tools_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return with_tools_system_prompt(messages, self._tools_system_prompt)
@@ -123,8 +135,10 @@ class ChatRenderer:
         """The conversation rendered by the template itself (never the shape cache)."""
         return self.encode_text(self.template.render_full(self._with_tools_prompt(messages), False))
 
-    def _drop_prefix(self, turn_ended_with_eos: bool) -> str:
-        return self._eos_text if turn_ended_with_eos else ""
+    def _drop_prefix(self, turn_ended_with_eos: bool) -> tuple[str, ...]:
+        # Whichever stop text the template writes after an assistant message: the model's
+        # own stop token took its place.
+        return self._stop_texts if turn_ended_with_eos else ()
 
     async def check_drift(
         self, messages: list[dict[str, Any]], accumulated_ids: list[int]

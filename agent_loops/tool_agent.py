@@ -61,7 +61,8 @@ class ToolAgentLoop(AgentLoopBase):
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
         reasoning_parser = self.context.reasoning_parser
-        decode, eos, perf_counter = renderer.decode_text, renderer.eos_token_id, time.perf_counter
+        decode, perf_counter = renderer.decode_text, time.perf_counter
+        stops = renderer.stop_token_ids  # eos, and the format's other stop tokens
         budget = config.max_response_length
         limit, side = config.max_tool_response_length, config.tool_response_truncate_side
         response = trajectory.response_ids  # grows in place as turns are added
@@ -77,7 +78,7 @@ class ToolAgentLoop(AgentLoopBase):
                 trajectory.add_model_turn(out)
                 assistant_turns += 1
                 token_ids = out.token_ids
-                ended_with_eos = bool(token_ids) and token_ids[-1] == eos
+                ended_with_eos = bool(token_ids) and token_ids[-1] in stops
                 text = decode(token_ids[:-1] if ended_with_eos else token_ids)
                 reasoning = None
                 if reasoning_parser is not None:
@@ -105,7 +106,9 @@ class ToolAgentLoop(AgentLoopBase):
                     key = (result.tool, result.outcome)
                     call_counts[key] = call_counts.get(key, 0) + 1
                     content = truncate_response(result.text, limit, side)
-                    tool_messages.append({"role": "tool", "content": content})
+                    # The function's name: formats whose results name their function
+                    # (Harmony's functions.NAME) read it; the others ignore it.
+                    tool_messages.append({"role": "tool", "name": result.tool, "content": content})
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - len(response)
                 trajectory.add_env_tokens(delta if len(delta) <= room else delta[:room])

@@ -198,13 +198,16 @@ class ChatTemplate:
 
     # -- deltas ------------------------------------------------------------------------
 
-    def delta_text(self, new_messages: list[Message], drop_prefix: str = "") -> str:
+    def delta_text(
+        self, new_messages: list[Message], drop_prefix: str | tuple[str, ...] = ""
+    ) -> str:
         """Text to append after an assistant turn so the conversation continues with
         ``new_messages`` and a fresh assistant header.
 
         The template closes an assistant message with an end-of-turn text; ``drop_prefix``
         is what the turn's tokens already contain of it (e.g. the EOS token's text) and is
-        not written again.
+        not written again; a tuple gives alternatives, the first the text starts with is
+        dropped (a format with several stop tokens, any of which ended the turn).
         """
         pieces = self._pieces_for(("delta",), new_messages)
         text = (
@@ -212,7 +215,9 @@ class ChatTemplate:
         )
         return _drop(text, drop_prefix)
 
-    def cached_delta_text(self, new_messages: list[Message], drop_prefix: str = "") -> str | None:
+    def cached_delta_text(
+        self, new_messages: list[Message], drop_prefix: str | tuple[str, ...] = ""
+    ) -> str | None:
         """``delta_text`` if this shape is already cached (cheap), else None."""
         pieces = self._known(("delta",), new_messages)
         return None if pieces is None else _drop(self._fill(pieces, new_messages), drop_prefix)
@@ -278,5 +283,8 @@ class ChatTemplate:
         return pieces
 
 
-def _drop(text: str, prefix: str) -> str:
-    return text[len(prefix) :] if prefix and text.startswith(prefix) else text
+def _drop(text: str, prefix: str | tuple[str, ...]) -> str:
+    for candidate in (prefix,) if isinstance(prefix, str) else prefix:
+        if candidate and text.startswith(candidate):
+            return text[len(candidate) :]
+    return text

@@ -70,7 +70,12 @@ async def run_family(name: str, conversations: int, seed: int, progress, task) -
     }
     start = time.perf_counter()
     for _ in range(conversations):
-        conversation = random_conversation(rng, specials, model.reasoning_parser is not None)
+        conversation = random_conversation(
+            rng,
+            specials,
+            model.reasoning_parser is not None,
+            max_calls_per_turn=3 if model.parallel_calls else 1,
+        )
         report = await harness.check(conversation)
         row["conversations"] += 1
         row["assistant_turns"] += len(conversation.turns)

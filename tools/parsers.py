@@ -2,10 +2,10 @@
 
 Both the agent loops and the HTTP gateway parse model output with these, so a model's
 tool calls mean the same thing wherever it runs. A name resolves to a parser registered
-here (``hermes``, built in, needs no vLLM; plugins add more with
-``@register_tool_parser``), else to the tool-call parser the installed vLLM registers
-under that name (``llama3_json``, ``mistral``, ``qwen3_coder``, ...); ``vllm:NAME`` always
-means vLLM's.
+here (built in, needing no vLLM: ``hermes``, and ``harmony`` for gpt-oss in
+``agentrl.tools.harmony``; plugins add more with ``@register_tool_parser``), else to the
+tool-call parser the installed vLLM registers under that name (``llama3_json``,
+``mistral``, ``qwen3_coder``, ...); ``vllm:NAME`` always means vLLM's.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class ToolCallParser(ABC):
     """
 
     stateless: bool = False
+    # Tokens besides the tokenizer's eos that end a model turn in this format (the
+    # engine stops at them): Harmony ends a turn with <|call|> or <|return|>.
+    end_of_turn_tokens: tuple[str, ...] = ()
 
     @abstractmethod
     def parse(self, text: str) -> ParsedTurn:
@@ -75,6 +78,7 @@ def get_tool_parser(
     vLLM's parsers need the model's ``tokenizer``; ``tools`` (OpenAI tool dicts) are the
     schemas some formats convert argument values with.
     """
+    load_builtin_parsers()
     if name in _PARSERS:
         return _PARSERS[name]()
     from agentrl.tools.reasoning import VLLM_PREFIX
@@ -89,6 +93,12 @@ def get_tool_parser(
         ) from None
     except UnknownParser as exc:
         raise ValueError(f"{exc}; built in: {sorted(_PARSERS)}") from None
+
+
+@functools.cache
+def load_builtin_parsers() -> None:
+    """Register the built-in parsers kept in their own modules (Harmony's), once."""
+    import agentrl.tools.harmony  # noqa: F401  (registers `harmony`)
 
 
 @functools.cache

@@ -83,11 +83,15 @@ class AgentLoopWorker(EpisodeStreamer):
             rollout.tools_in_system_prompt,
             rollout.tools_prompt_template,
         )
-        self.renderer = ChatRenderer(
-            self.tokenizer, template_tools, system_prompt, fast_path=rollout.template_cache
-        )
         schemas = tools_for_chat_template(self.tools)
         parser = get_tool_parser(rollout.tool_parser, self.tokenizer, schemas)
+        self.renderer = ChatRenderer(
+            self.tokenizer,
+            template_tools,
+            system_prompt,
+            fast_path=rollout.template_cache,
+            stop_tokens=parser.end_of_turn_tokens,
+        )
         self._parser_factory: Callable[[], ToolCallParser] = (
             (lambda: parser)
             if parser.stateless

@@ -28,6 +28,10 @@ Families (``FAMILIES``):
   Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
   of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
   read by vLLM's ``mistral`` parser (its pre-v11 path: the vocabulary has no ``[ARGS]``).
+- ``gpt_oss``: gpt-oss's ``o200k_harmony`` vocabulary from ``openai-harmony``; OpenAI's
+  Harmony format (analysis/commentary/final channels, ``<|call|>``-ended calls), token for
+  token what openai-harmony's encoder renders, read by agentrl's built-in ``harmony``
+  parsers (vLLM's are stubs). One call per turn: the engine stops at ``<|call|>``.
 
 Reasoning templates write ``<think>\\n{reasoning}\\n</think>\\n\\n`` (an empty block when a
 turn has none: vLLM's reasoning parsers read a turn without ``</think>`` as all
@@ -361,6 +365,150 @@ tokens, so a re-render with other ids is never trained on. A new user message mo
 tool list and the system prompt: a conversation is append-only within a tool chain, not
 across user messages."""
 
+# OpenAI's Harmony format (gpt-oss). Tools are a TypeScript-like namespace in the developer
+# message; ``ts_type`` writes one JSON-schema value as a type, ``ts_fields`` the fields of
+# an object (one a line, its description as a comment above it, a default after it).
+_GPT_OSS_TYPES = """
+{%- macro ts_type(schema, indent) %}
+    {%- if schema.enum is defined %}
+        {%- for value in schema.enum %}
+            {%- if not loop.first %}{{- ' | ' }}{%- endif %}
+            {{- value | tojson }}
+        {%- endfor %}
+    {%- elif schema.type is defined and schema.type is not string %}
+        {%- for kind in schema.type %}
+            {%- if not loop.first %}{{- ' | ' }}{%- endif %}
+            {{- 'null' if kind == 'null' else ts_type({'type': kind}, indent) }}
+        {%- endfor %}
+    {%- elif schema.type == 'string' %}{{- 'string' }}
+    {%- elif schema.type in ('integer', 'number') %}{{- 'number' }}
+    {%- elif schema.type == 'boolean' %}{{- 'boolean' }}
+    {%- elif schema.type == 'array' %}
+        {%- if 'items' in schema %}{{- ts_type(schema['items'], indent) + '[]' }}
+        {%- else %}{{- 'Array<any>' }}{%- endif %}
+    {%- elif schema.type == 'object' %}
+        {{- '{\\n' + ts_fields(schema, indent + 4) + (' ' * (indent + 4)) + '}' }}
+    {%- else %}{{- 'any' }}
+    {%- endif %}
+{%- endmacro %}
+{%- macro ts_fields(schema, indent) %}
+    {%- set pad = ' ' * indent %}
+    {%- for name, field in (schema.properties or {}).items() %}
+        {%- if field.description %}
+            {%- for line in field.description.split('\\n') %}
+                {{- pad + '// ' + line + '\\n' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- pad + name + ('' if name in (schema.required or []) else '?') + ': ' }}
+        {{- ts_type(field, indent) + ',' }}
+        {%- if field.default is defined %}
+            {%- set default = field.default %}
+            {{- ' // default: ' + (default if default is string else default | tojson) }}
+        {%- endif %}
+        {{- '\\n' }}
+    {%- endfor %}
+{%- endmacro %}
+"""
+
+GPT_OSS_TEMPLATE = (
+    _PREAMBLE
+    + _GPT_OSS_TYPES
+    + """
+{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\\n'
+    + 'Knowledge cutoff: 2024-06\\n\\nReasoning: medium\\n\\n# Valid channels: analysis, '
+    + 'commentary, final. Channel must be included for every message.' }}
+{%- if tools %}
+    {{- "\\nCalls to these tools must go to the commentary channel: 'functions'." }}
+{%- endif %}
+{{- '<|end|>' }}
+{%- if system or tools %}
+    {{- '<|start|>developer<|message|>' }}
+    {%- if system %}{{- '# Instructions\\n\\n' + system }}{%- endif %}
+    {%- if system and tools %}{{- '\\n\\n' }}{%- endif %}
+    {%- if tools %}
+        {{- '# Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}
+        {%- for tool in tools %}
+            {%- set fn = tool.function if tool.function is defined else tool %}
+            {%- if fn.description %}
+                {%- for line in fn.description.split('\\n') %}
+                    {{- '// ' + line + '\\n' }}
+                {%- endfor %}
+            {%- endif %}
+            {%- if fn.parameters is defined and fn.parameters %}
+                {{- 'type ' + fn.name + ' = (_: {\\n' + ts_fields(fn.parameters, 0) }}
+                {{- '}) => any;\\n\\n' }}
+            {%- else %}
+                {{- 'type ' + fn.name + ' = () => any;\\n\\n' }}
+            {%- endif %}
+        {%- endfor %}
+        {{- '} // namespace functions' }}
+    {%- endif %}
+    {{- '<|end|>' }}
+{%- endif %}
+{%- set calls = namespace(names=[], ids=[], next=0) %}
+{%- for message in messages %}
+    {%- set later_user = loop.index0 < ns.last_user %}
+    {%- if message.role == 'user' %}
+        {{- '<|start|>user<|message|>' + message.content + '<|end|>' }}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.reasoning_content is string and loop.index0 > ns.last_user %}
+            {{- '<|start|>assistant<|channel|>analysis<|message|>' + message.reasoning_content }}
+            {{- '<|end|>' }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- if message.content %}
+                {{- '<|start|>assistant<|channel|>commentary<|message|>' + message.content }}
+                {{- '<|end|>' }}
+            {%- endif %}
+            {%- set calls.names = [] %}
+            {%- set calls.ids = [] %}
+            {%- set calls.next = 0 %}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- set calls.names = calls.names + [fn.name] %}
+                {%- set calls.ids = calls.ids + [call.id if call.id is defined else none] %}
+                {{- '<|start|>assistant<|channel|>commentary to=functions.' + fn.name }}
+                {{- ' <|constrain|>json<|message|>' }}
+                {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}
+                {{- '<|call|>' }}
+            {%- endfor %}
+        {%- else %}
+            {#- a final answer ends with <|return|> as the model writes it, and with <|end|>
+                once a later user message makes it history #}
+            {{- '<|start|>assistant<|channel|>final<|message|>' + (message.content or '') }}
+            {{- '<|end|>' if later_user else '<|return|>' }}
+        {%- endif %}
+    {%- elif message.role == 'tool' %}
+        {%- if message.name is defined and message.name %}
+            {%- set name = message.name %}
+        {%- elif message.tool_call_id is defined and message.tool_call_id in calls.ids %}
+            {%- set name = calls.names[calls.ids.index(message.tool_call_id)] %}
+        {%- elif calls.next < calls.names | length %}
+            {%- set name = calls.names[calls.next] %}
+        {%- else %}
+            {{- raise_exception('a tool message needs the name of its function: give it '
+                + 'a name or a tool_call_id of a call before it') }}
+        {%- endif %}
+        {%- set calls.next = calls.next + 1 %}
+        {{- '<|start|>functions.' + name + '<|channel|>commentary to=assistant<|message|>' }}
+        {{- message.content + '<|end|>' }}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}
+"""
+).strip()
+"""OpenAI's Harmony format (gpt-oss), as ``openai-harmony``'s encoder renders a
+conversation: the default system message, a developer message with the system prompt as
+``# Instructions`` and the tools as a ``namespace functions`` of TypeScript-like types;
+reasoning on the ``analysis`` channel (kept only after the last user message), calls as
+``commentary to=functions.NAME <|constrain|>json`` messages ending ``<|call|>`` (content
+before calls is a ``commentary`` preamble), tool results from ``functions.NAME`` (its name
+from the message's ``name``, else its ``tool_call_id``, else the calls in order), and the
+answer on ``final``: ``<|return|>`` as the model ends it, ``<|end|>`` once a later user
+message makes it history. The generation prompt is ``<|start|>assistant``."""
+
 # ---------------------------------------------------------------------------------------
 # Vocabularies
 # ---------------------------------------------------------------------------------------
@@ -593,6 +741,56 @@ def _mistral_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def _gpt_oss_tokenizer() -> PreTrainedTokenizerFast:
+    """gpt-oss's ``o200k_harmony`` vocabulary from ``openai-harmony`` (the ``oss-harmony``
+    fork vLLM installs; it embeds the vocabulary): every ordinary token's bytes at its id
+    (ids are tiktoken ranks), o200k's pre-tokenizer pattern, then the Harmony special
+    tokens at the encoding's ids (199998 on: ``<|startoftext|>``, ``<|endoftext|>``,
+    ``<|return|>``, ``<|constrain|>``, ``<|channel|>``, ``<|start|>``, ``<|end|>``,
+    ``<|message|>``, ``<|call|>`` and the reserved ones)."""
+    from importlib.metadata import version
+
+    key = {"name": "gpt_oss", "package": version("oss-harmony"), "pattern": _O200K_PATTERN}
+
+    def build() -> Tokenizer:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        inner = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)._inner
+        ranks = {bytes(inner.decode_bytes([i])): i for i in range(_O200K_SIZE)}
+        specials = [
+            _AddedToken(bytes(inner.decode_bytes([i])).decode())
+            for i in range(_O200K_SIZE, _O200K_SIZE + _HARMONY_SPECIALS)
+        ]
+        return _tiktoken_bpe(ranks, _O200K_PATTERN, specials, nfc=False)
+
+    tokenizer_file = _cached_tokenizer_file(key, build)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_file),
+        clean_up_tokenization_spaces=False,
+        bos_token="<|startoftext|>",
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=list(_HARMONY_NAMED),
+    )
+
+
+# o200k's pre-tokenizer pattern (tiktoken's ``o200k_base``, which ``o200k_harmony`` uses).
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_O200K_SIZE = 199998  # ordinary tokens; the special tokens follow
+_HARMONY_SPECIALS = 1091  # 199998 ... 201088
+_HARMONY_NAMED = ("<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>")
+
+
 def _with_template(tokenizer: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
     tokenizer.chat_template = template
     return tokenizer
@@ -676,6 +874,8 @@ def _build(name: str) -> PreTrainedTokenizerFast:
         return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
+    if name == "gpt_oss":
+        return _with_template(_gpt_oss_tokenizer(), GPT_OSS_TEMPLATE)
     raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
 
 
@@ -688,6 +888,8 @@ class ModelFamily:
     ``tools_in_system_prompt``: the chat template ignores ``tools=``; describe tools in the
     system prompt (and write calls into the assistant's content).
     ``source``: where the vocabulary and the template come from, and their licenses.
+    ``parallel_calls``: one model turn may make several calls (False: the engine stops at
+    each call's end token, as Harmony's ``<|call|>``).
     """
 
     name: str
@@ -695,6 +897,7 @@ class ModelFamily:
     reasoning_parser: str | None
     tools_in_system_prompt: bool
     source: str
+    parallel_calls: bool = True
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         """The family's tokenizer with its chat template (built once per process)."""
@@ -760,6 +963,17 @@ FAMILIES: dict[str, ModelFamily] = {
             "`mistral-common` (PyPI, Apache-2.0, by Mistral AI; installed with vLLM), "
             f"`{_MISTRAL_TEKKEN}`; chat template written for agentrl (Apache-2.0) after "
             "mistral-common's v3 instruct encoder, whose ids it reproduces",
+        ),
+        ModelFamily(
+            name="gpt_oss",
+            tool_parser="harmony",
+            reasoning_parser="harmony",
+            tools_in_system_prompt=False,
+            source="gpt-oss's o200k_harmony vocabulary and special tokens from `openai-harmony` "
+            "as the `oss-harmony==0.0.11` fork (PyPI, Apache-2.0; installed with vLLM); chat "
+            "template written for agentrl (Apache-2.0) after the Harmony format, whose ids "
+            "(openai-harmony's render_conversation) it reproduces",
+            parallel_calls=False,
         ),
     )
 }

@@ -173,10 +173,15 @@ def _arguments(rng: random.Random, name: str) -> dict[str, Any]:
 
 
 def random_conversation(
-    rng: random.Random, specials: list[str], reasoning: bool, max_tool_turns: int = 3
+    rng: random.Random,
+    specials: list[str],
+    reasoning: bool,
+    max_tool_turns: int = 3,
+    max_calls_per_turn: int = 3,
 ) -> Conversation:
     """A random conversation; ``specials`` are the template's own special strings (tool
-    results sometimes contain one); ``reasoning``: turns think first (sometimes empty)."""
+    results sometimes contain one); ``reasoning``: turns think first (sometimes empty);
+    ``max_calls_per_turn``: 1 for formats whose turn ends at each call (Harmony)."""
     prompt: list[Message] = []
     if rng.random() < 0.5:
         prompt.append({"role": "system", "content": _text(rng, 1, 10)})
@@ -185,7 +190,9 @@ def random_conversation(
     results: dict[str, str] = {}  # a repeated call gets the same result
     for _ in range(rng.randint(0, max_tool_turns)):
         calls = []
-        for name in rng.choices(["search", "set_flags", "now"], k=rng.randint(1, 3)):
+        for name in rng.choices(
+            ["search", "set_flags", "now"], k=rng.randint(1, max_calls_per_turn)
+        ):
             arguments = _arguments(rng, name)
             key = _call_key(name, arguments)
             result = results.setdefault(key, _tool_result(rng, specials))
@@ -226,13 +233,20 @@ class FamilyRendering:
     """A family's template applied the way agentrl applies it: tools placed as the loops
     place them, assistant turns as the family's model writes them."""
 
-    def __init__(self, tokenizer: Any, tools_in_system_prompt: bool | None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools_in_system_prompt: bool | None,
+        stop_tokens: tuple[str, ...] = (),
+    ) -> None:
         self.tokenizer = tokenizer
         self.template_tools, self.system_prompt = place_tools(
             tokenizer, TOOL_SCHEMAS, tools_in_system_prompt
         )
         self.calls_in_content = self.system_prompt is not None
-        self.eos_text = tokenizer.eos_token
+        # The texts that end a model turn: the eos token and the format's other stop
+        # tokens (Harmony's <|call|> besides <|return|>).
+        self.stop_texts = (tokenizer.eos_token, *stop_tokens)
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
@@ -275,16 +289,17 @@ class FamilyRendering:
 
     def turn_ids(self, history: list[Message], message: Message) -> list[int]:
         """The engine's ids for ``message`` after ``history``: the template's text for the
-        turn, through its end-of-turn token, tokenized on its own."""
+        turn, through its first stop token (where the engine stops), tokenized on its own."""
         before = self.render(history, add_generation_prompt=True)
         after = self.render([*history, message], add_generation_prompt=False)
         if not after.startswith(before):
             raise AssertionError("the template renders the history differently after a turn")
         text = after[len(before) :]
-        end = text.find(self.eos_text)
-        if end < 0:
-            raise AssertionError(f"the assistant turn does not end with {self.eos_text!r}")
-        return self.encode(text[: end + len(self.eos_text)])
+        ends = [(at, stop) for stop in self.stop_texts if (at := text.find(stop)) >= 0]
+        if not ends:
+            raise AssertionError(f"the assistant turn does not end with one of {self.stop_texts}")
+        end, stop = min(ends)
+        return self.encode(text[: end + len(stop)])
 
     def reference(self, conversation: Conversation) -> tuple[list[Message], list[list[int]]]:
         """The whole conversation as messages, and the engine's ids for each turn."""
@@ -350,11 +365,15 @@ class FidelityHarness:
         from agentrl.server.gateway.service import GatewayService
         from agentrl.server.gateway.sink import InMemorySink
 
-        self.rendering = FamilyRendering(tokenizer, tools_in_system_prompt)
         self.tool_parser = get_tool_parser(tool_parser, tokenizer, TOOL_SCHEMAS)
+        stops = self.tool_parser.end_of_turn_tokens
+        self.rendering = FamilyRendering(tokenizer, tools_in_system_prompt, stops)
         self.reasoning_parser = get_reasoning_parser(reasoning_parser, tokenizer)
         self.renderer = ChatRenderer(
-            tokenizer, self.rendering.template_tools, self.rendering.system_prompt
+            tokenizer,
+            self.rendering.template_tools,
+            self.rendering.system_prompt,
+            stop_tokens=stops,
         )
         self.tools: dict[str, BaseTool] = {
             s["function"]["name"]: _ScriptedTool(s, self) for s in TOOL_SCHEMAS

@@ -171,6 +171,9 @@ def _last_user(messages: list[dict[str, Any]]) -> int:
 
 
 FAMILY_NAMES = list(FAMILIES)
+# Families whose turn ends with eos and whose format the installed vLLM parses from text
+# (gpt-oss's Harmony turns end with <|call|> or <|return|>; agentrl parses them itself).
+VLLM_FAMILIES = [name for name in FAMILY_NAMES if name != "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +187,7 @@ def request_with_tools():
 
 def test_family_lookup():
     assert set(FAMILIES) == {
-        *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral")
+        *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral", "gpt_oss")
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -211,6 +214,10 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
         "mistral": [
             *("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
             *("[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+        ],
+        "gpt_oss": [
+            *("<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|end|>"),
+            *("<|call|>", "<|return|>", "<|endoftext|>", "<|startoftext|>"),
         ],
         "deepseek_r1": [
             *("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
@@ -316,7 +323,7 @@ def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
 
 
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
-@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("name", VLLM_FAMILIES)
 def test_assistant_turn_ends_with_eos(name, conversation):
     """(b): what the model generates for a turn ends with eos; the template adds at most
     whitespace after it."""
@@ -346,7 +353,7 @@ def _parsers(fam: ModelFamily):
 
 
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
-@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("name", VLLM_FAMILIES)
 def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_with_tools):
     """(c): the turn's ids decoded up to eos (what vLLM hands its parsers, special tokens
     kept): the reasoning parser splits off the reasoning exactly (newline-wrapped, as the
@@ -552,3 +559,201 @@ def test_mistral_tools_and_system_prompt_move_to_the_last_user_message():
     assert "[/AVAILABLE_TOOLS][INST]Be terse.\n\nAnd 3 and 4?[/INST]" in text
     before = _render(fam, messages[:5], prompt=False)
     assert not _render(fam, messages[:6], prompt=False).startswith(before)
+
+
+# --- gpt-oss (Harmony), against openai-harmony's own encoder -----------------------------
+
+
+@functools.cache
+def _harmony():
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def _harmony_ids(messages: list[dict[str, Any]], tools: list[dict] | None, prompt: bool):
+    """openai-harmony's ids for ``messages``: the default system message, the system
+    prompt and tools in the developer message, analysis kept after the last user message
+    (not auto-dropped: within a tool chain the model sees its reasoning), and a last final
+    answer ending ``<|return|>`` (``render_conversation_for_training``)."""
+    from openai_harmony import (
+        Author,
+        Conversation,
+        DeveloperContent,
+        Message,
+        RenderConversationConfig,
+        Role,
+        SystemContent,
+        ToolDescription,
+    )
+
+    out = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new())]
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    if system or tools:
+        developer = DeveloperContent.new()
+        if system:
+            developer = developer.with_instructions(system)
+        if tools:
+            developer = developer.with_function_tools(
+                [
+                    ToolDescription.new(
+                        t["function"]["name"],
+                        t["function"].get("description", ""),
+                        parameters=t["function"].get("parameters"),
+                    )
+                    for t in tools
+                ]
+            )
+        out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+    last_user, names = _last_user(messages), []
+    for i, m in enumerate(messages):
+        if m["role"] == "user":
+            out.append(Message.from_role_and_content(Role.USER, m["content"]))
+        elif m["role"] == "tool":
+            author = Author.new(Role.TOOL, "functions." + names.pop(0))
+            message = Message.from_author_and_content(author, m["content"])
+            out.append(message.with_channel("commentary").with_recipient("assistant"))
+        elif m["role"] == "assistant":
+            if m.get("reasoning_content") is not None and i > last_user:
+                analysis = Message.from_role_and_content(Role.ASSISTANT, m["reasoning_content"])
+                out.append(analysis.with_channel("analysis"))
+            if not m.get("tool_calls"):
+                final = Message.from_role_and_content(Role.ASSISTANT, m["content"])
+                out.append(final.with_channel("final"))
+                continue
+            if m["content"]:
+                preamble = Message.from_role_and_content(Role.ASSISTANT, m["content"])
+                out.append(preamble.with_channel("commentary"))
+            for call in m["tool_calls"]:
+                names.append(call["function"]["name"])
+                arguments = json.dumps(call["function"]["arguments"], ensure_ascii=False)
+                message = Message.from_role_and_content(Role.ASSISTANT, arguments)
+                message = message.with_channel("commentary").with_content_type("<|constrain|>json")
+                out.append(message.with_recipient("functions." + call["function"]["name"]))
+    conversation = Conversation.from_messages(out)
+    config = RenderConversationConfig(auto_drop_analysis=False)
+    encoding = _harmony()
+    if prompt:
+        return encoding.render_conversation_for_completion(conversation, Role.ASSISTANT, config)
+    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        return encoding.render_conversation_for_training(conversation, config)
+    return encoding.render_conversation(conversation, config)
+
+
+# A schema with what the Harmony tool rendering shows: descriptions, defaults, enums,
+# unions, nested objects, arrays of objects, untyped arrays; and a tool without parameters.
+SCHEMA_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "configure",
+            "description": "Configure it.\nTwo lines.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "The name."},
+                    "count": {"type": "integer", "default": 3},
+                    "box": {
+                        "type": "object",
+                        "properties": {
+                            "x": {"type": "string"},
+                            "y": {"type": "number", "description": "why"},
+                        },
+                        "required": ["x"],
+                    },
+                    "rows": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {"z": {"type": "boolean"}}},
+                    },
+                    "any_list": {"type": "array"},
+                    "maybe": {"type": ["string", "null"]},
+                    "mode": {"type": "string", "enum": ["p", "q"], "default": "p"},
+                },
+                "required": ["name"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "ping", "description": "No parameters."}},
+]
+
+
+@pytest.mark.parametrize("tools", ["tools", "schema_tools", "none"])
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+def test_gpt_oss_template_renders_the_ids_of_openai_harmony(conversation, tools):
+    fam = family("gpt_oss")
+    tool_list = {"tools": TOOLS, "schema_tools": TOOLS + SCHEMA_TOOLS, "none": None}[tools]
+    messages = CONVERSATIONS[conversation]
+    for end in range(1, len(messages) + 1):
+        part = messages[:end]
+        if part[-1]["role"] == "system":
+            continue
+        for prompt in (False, True) if part[-1]["role"] != "assistant" else (False,):
+            text = fam.tokenizer().apply_chat_template(
+                part, tools=tool_list, tokenize=False, add_generation_prompt=prompt
+            )
+            assert _ids(fam, text) == _harmony_ids(part, tool_list, prompt), (end, prompt)
+
+
+def test_gpt_oss_vocabulary_encodes_as_openai_harmony():
+    fam = family("gpt_oss")
+    encoding = _harmony()
+    for text in [*_varied_strings(300), "a<|start|>b<|call|><|end|>c", "x<|return|>"]:
+        ids = _ids(fam, text)
+        assert ids == encoding.encode(text, allowed_special="all"), text
+        assert fam.tokenizer().decode(ids) == text
+    for token in ("<|start|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>"):
+        assert (
+            fam.tokenizer().convert_tokens_to_ids(token)
+            == encoding.encode(token, allowed_special="all")[0]
+        )
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+def test_harmony_parsers_recover_calls_reasoning_and_content(conversation):
+    """Each assistant turn, decoded with its stop tokens: the reasoning parser returns the
+    analysis, the tool parser every call and the content (preamble or answer); the same
+    without the final stop token (the loop strips it); each call ends with <|call|>."""
+    from agentrl.tools.parsers import get_tool_parser
+    from agentrl.tools.reasoning import get_reasoning_parser
+
+    fam = family("gpt_oss")
+    tokenizer = fam.tokenizer()
+    tool_parser = get_tool_parser("harmony", tokenizer, TOOLS)
+    reasoning_parser = get_reasoning_parser("harmony", tokenizer)
+    messages = _for_family(fam, CONVERSATIONS[conversation])
+    for message, turn, _ in _assistant_turns(fam, messages):
+        calls = message.get("tool_calls", [])
+        stop = "<|call|>" if calls else "<|return|>"
+        assert turn.endswith(stop) and turn.count("<|call|>") == len(calls)
+        assert turn.count("<|return|>") == (0 if calls else 1)
+        for text in (turn, turn.removesuffix(stop)):
+            reasoning, content = reasoning_parser.split(text)
+            assert reasoning == message.get("reasoning_content")
+            parsed = tool_parser.parse(content)
+            expected = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+            assert [(c.name, c.arguments) for c in parsed.calls] == expected
+            assert parsed.errors == [] and parsed.content == message["content"]
+
+
+def test_harmony_parser_reports_each_malformed_call():
+    from agentrl.tools.parsers import get_tool_parser
+
+    parser = get_tool_parser("harmony")
+    head = "<|start|>assistant<|channel|>commentary to=functions."
+    good = head + 'search <|constrain|>json<|message|>{"query": "x"}<|call|>'
+    cases = {
+        head + 'search <|constrain|>json<|message|>{"query": ': "invalid JSON",
+        head + "search <|constrain|>json<|message|>[1, 2]": "must be a JSON object",
+        head + "search <|constrain|>json": "never reached",
+        "<|channel|>commentary to=browser.open <|constrain|>json<|message|>{}": "recipient",
+    }
+    for text, error in cases.items():
+        parsed = parser.parse(text)
+        assert parsed.calls == [] and len(parsed.errors) == 1 and error in parsed.errors[0]
+        parsed = parser.parse(good + "<|start|>assistant" + text.removeprefix("<|start|>assistant"))
+        assert [c.name for c in parsed.calls] == ["search"] and len(parsed.errors) == 1
+    # The older header, recipient before the channel, parses the same.
+    legacy = '<|start|>assistant to=functions.search<|channel|>commentary json<|message|>{"a": 1}'
+    assert [(c.name, c.arguments) for c in parser.parse(legacy).calls] == [("search", {"a": 1})]
+    plain = parser.parse("<|channel|>final<|message|>just text<|return|>")
+    assert plain.attempted_calls == 0 and plain.content == "just text"
