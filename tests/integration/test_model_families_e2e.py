@@ -14,8 +14,8 @@ Each family starts its own replicas, gateway and workers (about a minute on 2 co
 the default suite runs two families that between them cover both tool placements and
 reasoning: SmolLM2 (tools in the system prompt, the built-in Hermes parser) and Qwen3
 (the template's `tools=`, vLLM's Hermes and Qwen3 reasoning parsers). The random-
-conversation property covers all six in the unit suite;
-`AGENTRL_E2E_FAMILIES=all` runs this test for all six too.
+conversation property covers all seven in the unit suite;
+`AGENTRL_E2E_FAMILIES=all` runs this test for all seven too.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from agentrl.testing.fidelity import (
     scripted_row,
     tool_result,
 )
+from agentrl.tools.parsers import get_tool_parser
 
 pytestmark = pytest.mark.integration
 
@@ -61,21 +62,29 @@ def ray_instance():
     ray.shutdown()
 
 
-def _conversation(reasoning: bool) -> Conversation:
-    calls = [("search", {"query": "Grüße 数据", "limit": 3}), ("set_flags", {"record": 7})]
+def _conversation(reasoning: bool, parallel_calls: bool) -> Conversation:
+    """Two calls (in one turn, or one a turn for formats whose turn ends at a call), then
+    an answer."""
+    calls = [
+        ToolCallSpec(name, arguments, tool_result(name, arguments))
+        for name, arguments in [
+            ("search", {"query": "Grüße 数据", "limit": 3}),
+            ("set_flags", {"record": 7}),
+        ]
+    ]
+    thought = "First search, then flag." if reasoning else None
+    turns = (
+        [AssistantTurn("Looking.", thought, calls)]
+        if parallel_calls
+        else [AssistantTurn("Looking.", thought, [call]) for call in calls]
+    )
+    answer = AssistantTurn("Record 7 is flagged.", "Both calls worked." if reasoning else None)
     return Conversation(
         [
             {"role": "system", "content": "You look things up."},
             {"role": "user", "content": "Find the record and flag it."},
         ],
-        [
-            AssistantTurn(
-                "Looking.",
-                "First search, then flag." if reasoning else None,
-                [ToolCallSpec(n, a, tool_result(n, a)) for n, a in calls],
-            ),
-            AssistantTurn("Record 7 is flagged.", "Both calls worked." if reasoning else None),
-        ],
+        [*turns, answer],
     )
 
 
@@ -84,8 +93,9 @@ def test_family_through_replicas_workers_and_the_gateway(name, ray_instance, tmp
     model = family(name)
     tokenizer = model.tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    rendering = FamilyRendering(tokenizer, model.tools_in_system_prompt)
-    conversation = _conversation(model.reasoning_parser is not None)
+    stops = get_tool_parser(model.tool_parser, tokenizer, TOOL_SCHEMAS).end_of_turn_tokens
+    rendering = FamilyRendering(tokenizer, model.tools_in_system_prompt, stops)
+    conversation = _conversation(model.reasoning_parser is not None, model.parallel_calls)
     messages, outputs = rendering.reference(conversation)
     reference = rendering.encode(rendering.render(messages, add_generation_prompt=False))
     tools = [
