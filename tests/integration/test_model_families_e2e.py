@@ -45,7 +45,7 @@ from agentrl.tools.parsers import get_tool_parser
 
 pytestmark = pytest.mark.integration
 
-PORT = 18791
+PORT = 18797
 E2E_FAMILIES = (
     sorted(FAMILIES) if os.environ.get("AGENTRL_E2E_FAMILIES") == "all" else ["qwen3", "smollm2"]
 )
@@ -158,6 +158,7 @@ def test_family_through_replicas_workers_and_the_gateway(name, ray_instance, tmp
 def _renders_call_ids(rendering: FamilyRendering) -> bool:
     """Whether the family's template writes a tool result's ``tool_call_id``."""
     turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    plain = rendering.render([*turn, {"role": "tool", "content": "r"}], False)
-    with_id = [*turn, {"role": "tool", "content": "r", "tool_call_id": "call12345"}]
+    tool = {"role": "tool", "name": "now", "content": "r"}  # Harmony needs the name
+    plain = rendering.render([*turn, tool], False)
+    with_id = [*turn, {**tool, "tool_call_id": "call12345"}]
     return rendering.render(with_id, False) != plain
