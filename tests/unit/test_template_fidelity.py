@@ -134,7 +134,8 @@ def test_vllm_hermes_parses_as_the_built_in_parser():
 
 
 def test_an_unknown_parser_name_lists_the_built_in_and_the_vllm_ones():
-    with pytest.raises(ValueError, match=r"'nope'.*llama3_json.*built in: \['harmony', 'hermes'\]"):
+    # Other test modules may register parsers of their own, so the built-in list is not exact.
+    with pytest.raises(ValueError, match=r"'nope'.*llama3_json.*built in: \[.*'harmony', 'hermes'"):
         get_tool_parser("nope", family("smollm2").tokenizer())
 
 
