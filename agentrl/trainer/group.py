@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,23 @@ logger = logging.getLogger(__name__)
 
 class WorkerGroupError(RuntimeError):
     """A rank failed; the group's process group is broken and its actors were killed."""
+
+
+def _node_id(_actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _lost_node(node_id: str, wait_s: float = 5.0) -> str:
+    """`` (its node ... died)`` when the rank's node is dead, or dies within ``wait_s``
+    (the rank's death can reach us before the node's); otherwise empty."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+        if node is not None and not node["Alive"]:
+            return f" (its node {node_id[:8]} at {node['NodeManagerAddress']} died)"
+        if time.monotonic() > deadline:
+            return ""
+        time.sleep(0.5)
 
 
 class WorkerGroup:
@@ -84,6 +102,8 @@ class WorkerGroup:
             )
             for rank in range(self.world_size)
         ]
+        self.rank_nodes: list[str] = []
+        self.rank_nodes = self._wait([a.__ray_call__.remote(_node_id) for a in self.actors])
         addr, port = self._wait([self.actors[0].master_address.remote()])[0]
         self.call("setup", addr, port)
         logger.info("%s: %d ranks ready (rendezvous %s:%d)", self.name, self.world_size, addr, port)
@@ -109,8 +129,13 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except Exception as exc:
+                lost = ""
+                if self.rank_nodes and isinstance(exc, ray.exceptions.RayActorError):
+                    lost = _lost_node(self.rank_nodes[refs.index(ready[0])])
                 self.shutdown()
-                raise WorkerGroupError(f"{self.name}: a rank failed, group stopped: {exc}") from exc
+                raise WorkerGroupError(
+                    f"{self.name}: a rank failed{lost}, group stopped: {exc}"
+                ) from exc
         return ray.get(refs)
 
     def infer(self, method: str, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:

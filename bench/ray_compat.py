@@ -1,0 +1,195 @@
+"""Ray versions: the serving and transport tests on the lowest and highest Ray of a range.
+
+For each ``--versions`` entry that is not the Ray of ``.venv``, the Ray wheel of that
+version is installed alone (``pip install --no-deps --target``) into
+``.cache/ray_compat/ray-<version>``, which goes first on ``PYTHONPATH``: every other
+package (vLLM, torch, FastAPI, agentrl) stays the one ``.venv`` has, so only Ray changes.
+Ray's workers inherit the driver's environment, so they import the same Ray. With that
+Ray, in fresh processes:
+
+- which path each Serve/Ray hook takes (``server.ray_compat.hook_paths``: ``private``
+  where the internals agentrl uses exist, ``public`` where it falls back);
+- ``tests/integration/test_null_engine_serving.py``: serving, pause/update/resume,
+  the Serve path a config asks for (private and public), coalescing, a bad request in a
+  coalesced call, a replica killed under a coalesced call, sessions that move once when
+  their replica dies;
+- ``bench/rollout_transport.py`` (null engine, ``--episodes`` episodes, 1 repeat): the
+  tool workload's turns/s through agentrl ÷ bare Ray actor calls, measured with that Ray.
+
+    .venv/bin/python bench/ray_compat.py [--versions 2.50.1 2.60.0] [--episodes 200]
+
+Prints a table and writes ``bench/results/ray_compat.json``: ``versions_tested`` (every
+version run), ``versions_failed`` (those with a failed test or bench, or no install) and
+``rows`` (per version: ``version``, ``paths``, ``tests_passed``, ``tests_failed``,
+``ratio_tool``, ``ratio_single``, ``error``), with the ``commit``. ``pyproject.toml``'s
+Ray range is the span of versions this bench passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agentrl.testing.benchmarks import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "ray_compat.json"
+SCRATCH = ROOT / ".cache" / "ray_compat"
+MEASURED = [
+    "server/client.py",
+    "server/deployment.py",
+    "server/launch.py",
+    "server/ray_compat.py",
+    "server/routing.py",
+    "agentrl/placement.py",
+    "agentrl/rollout",
+    "tests/integration/test_null_engine_serving.py",
+    "bench/rollout_transport.py",
+]
+SERVING_TESTS = "tests/integration/test_null_engine_serving.py"
+console = Console()
+
+
+def installed_ray() -> str:
+    """The Ray version of the Python running this bench."""
+    import ray
+
+    return ray.__version__
+
+
+def ray_env(version: str) -> dict[str, str]:
+    """The environment whose Python imports Ray ``version`` (installing it if needed)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if version == installed_ray():
+        return env
+    target = SCRATCH / f"ray-{version}"
+    if not (target / "ray" / "__init__.py").exists():
+        console.print(f"installing ray=={version} into {target.relative_to(ROOT)}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+             str(target), f"ray=={version}"],
+            check=True,
+        )  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
+    return env
+
+
+def hook_paths(env: dict[str, str]) -> dict[str, str]:
+    """Which path each hook takes under ``env``'s Ray (checked in a fresh process)."""
+    script = (
+        "import json, ray; from server.ray_compat import hook_paths; "
+        "print(json.dumps({'ray': ray.__version__, 'paths': hook_paths()}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, check=True, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
+
+
+def serving_tests(env: dict[str, str], log: Path) -> tuple[int, int]:
+    """Runs the null-engine serving tests; returns (passed, failed-or-errored)."""
+    with log.open("w") as sink:
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", SERVING_TESTS],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    summary = log.read_text().splitlines()[-1] if log.stat().st_size else ""
+    count = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?)", summary)}
+    return count.get("passed", 0), sum(n for word, n in count.items() if word != "passed")
+
+
+def transport(env: dict[str, str], episodes: int, log: Path) -> dict[str, Any] | None:
+    """The transport bench's ratios under ``env``'s Ray; None when it fails."""
+    out = log.with_suffix(".json")
+    with log.open("w") as sink:
+        done = subprocess.run(
+            [sys.executable, "bench/rollout_transport.py", "--episodes", str(episodes),
+             "--repeats", "1", "--out", str(out)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    if done.returncode != 0 or not out.exists():
+        return None
+    return json.loads(out.read_text())
+
+
+def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
+    """One version's row."""
+    row: dict[str, Any] = {"version": version, "paths": None, "tests_passed": 0,
+                           "tests_failed": 0, "ratio_tool": None, "ratio_single": None,
+                           "error": None}  # fmt: skip
+    try:
+        env = ray_env(version)
+        found = hook_paths(env)
+    except subprocess.CalledProcessError as err:
+        row["error"] = f"install or import failed: {err}"
+        return row
+    if found["ray"] != version:
+        row["error"] = f"imported Ray {found['ray']}, not {version}"
+        return row
+    row["paths"] = found["paths"]
+    console.print(f"Ray {version}: hooks {found['paths']}; running the serving tests")
+    row["tests_passed"], row["tests_failed"] = serving_tests(env, logs / f"tests-{version}.log")
+    console.print(f"Ray {version}: {row['tests_passed']} passed, {row['tests_failed']} failed")
+    bench = transport(env, episodes, logs / f"transport-{version}.log")
+    if bench is None:
+        row["error"] = f"the transport bench failed (log: transport-{version}.log)"
+    else:
+        row["ratio_tool"], row["ratio_single"] = bench["ratio_tool"], bench["ratio_single"]
+    return row
+
+
+def failed(row: dict[str, Any]) -> bool:
+    """Whether a version did not pass everything."""
+    return bool(row["error"] or row["tests_failed"] or not row["tests_passed"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--versions", nargs="+", default=["2.50.1", installed_ray()])
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="ray_compat-"))
+    rows = [run_version(version, args.episodes, logs) for version in args.versions]
+
+    table = Table(title="Ray versions: serving tests and transport")
+    for column in ["Ray", "hooks on the public path", "tests passed", "failed",
+                   "tool ratio", "single ratio", "error"]:  # fmt: skip
+        table.add_column(column)
+    for row in rows:
+        public = [name for name, path in (row["paths"] or {}).items() if path == "public"]
+        table.add_row(
+            row["version"], ", ".join(public) or "none", str(row["tests_passed"]),
+            str(row["tests_failed"]),
+            f"{row['ratio_tool']:.2f}" if row["ratio_tool"] is not None else "-",
+            f"{row['ratio_single']:.2f}" if row["ratio_single"] is not None else "-",
+            row["error"] or "",
+        )  # fmt: skip
+    console.print(table)
+    console.print(f"logs: {logs}")
+    payload = {
+        "versions_tested": [row["version"] for row in rows],
+        "versions_failed": [row["version"] for row in rows if failed(row)],
+        "rows": rows,
+        "episodes": args.episodes,
+        **provenance(ROOT, MEASURED),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
