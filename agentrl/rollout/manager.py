@@ -60,6 +60,9 @@ class AgentLoopManager:
                 max_concurrency=rollout.max_concurrent_loops + 16,
                 runtime_env={"env_vars": _WORKER_ENV},
                 max_restarts=_WORKER_RESTARTS,
+                # Across the cluster's nodes: a lost node takes only its share of the
+                # episodes in flight, and Ray restarts those workers on the nodes left.
+                scheduling_strategy="SPREAD",
             ).remote(worker_config)
             for _ in range(rollout.num_workers)
         ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,19 +45,6 @@ class WorkerGroupError(RuntimeError):
 
 def _node_id(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
-
-
-def _lost_node(node_id: str, wait_s: float = 5.0) -> str:
-    """`` (its node ... died)`` when the rank's node is dead, or dies within ``wait_s``
-    (the rank's death can reach us before the node's); otherwise empty."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
-        if node is not None and not node["Alive"]:
-            return f" (its node {node_id[:8]} at {node['NodeManagerAddress']} died)"
-        if time.monotonic() > deadline:
-            return ""
-        time.sleep(0.5)
 
 
 class WorkerGroup:
@@ -129,14 +115,33 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except Exception as exc:
-                lost = ""
-                if self.rank_nodes and isinstance(exc, ray.exceptions.RayActorError):
-                    lost = _lost_node(self.rank_nodes[refs.index(ready[0])])
+                lost = self._unreachable_ranks() if self.rank_nodes else ""
                 self.shutdown()
                 raise WorkerGroupError(
-                    f"{self.name}: a rank failed{lost}, group stopped: {exc}"
+                    f"{self.name}: a rank failed, group stopped{lost}: {exc}"
                 ) from exc
         return ray.get(refs)
+
+    def _unreachable_ranks(self, timeout_s: float = 5.0) -> str:
+        """`` (rank R on node N is unreachable...)`` for the ranks that do not answer a
+        ping within ``timeout_s``, else empty. When a node is lost, a rank on a live node
+        may fail first (its collective's peer vanished), so every rank is asked."""
+        pings = [actor.__ray_call__.remote(_node_id) for actor in self.actors]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        answered = set()
+        for rank, ping in enumerate(pings):
+            if ping in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.get(ping)
+                    answered.add(rank)
+        dead_nodes = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        lost = [
+            f"rank {rank} on node {node[:8]}"
+            + (" (the cluster lists it dead)" if node in dead_nodes else "")
+            for rank, node in enumerate(self.rank_nodes)
+            if rank not in answered
+        ]
+        return f" ({'; '.join(lost)}: unreachable, its process or node lost)" if lost else ""
 
     def infer(self, method: str, batch: Batch, **kwargs: Any) -> dict[str, Tensor]:
         """A per-row forward method over the whole batch, results in batch order."""

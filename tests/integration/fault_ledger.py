@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from code_task import code_tool_overrides
 
@@ -49,6 +50,8 @@ class Ledger:
     episodes_dropped_stale: int = 0
     rows_lost: int = 0
     rows_duplicated: int = 0
+    optimizer: dict[str, int] | None = None
+    """The independent count (``OptimizerLedger.counts``), where the test keeps one."""
 
     def add_run(self, history: list[dict[str, float]]) -> None:
         """One ``fit`` call's logged steps (its queue counters are cumulative)."""
@@ -84,7 +87,75 @@ class Ledger:
     def record(self, record_property) -> None:
         record_property("fault", json.dumps(asdict(self)))
         assert self.rows_lost == 0 and self.rows_duplicated == 0, self
+        if self.optimizer is not None:
+            assert self.optimizer["rows_lost"] == 0, self.optimizer
+            assert self.optimizer["rows_trained_twice"] == 0, self.optimizer
 
 
 def _pending(state: dict) -> set[int]:
     return {index for index, _ in state["pending"]}
+
+
+@dataclass
+class OptimizerLedger:
+    """A count kept apart from the trainer's own bookkeeping, at its boundaries: the rows
+    the data feed hands out, the row of each group the producer starts, the groups the
+    queue reports dropped, and the rows whose episodes an actor update (the optimizer)
+    ran on. Attach it to every trainer of a fault (the first run and the resumed one)."""
+
+    handed_out: list[int] = field(default_factory=list)
+    trained: list[int] = field(default_factory=list)
+    """One entry per (row, optimizer step): a row twice here was trained twice."""
+    dropped: set[int] = field(default_factory=set)
+    _row_of_group: dict[str, int] = field(default_factory=dict)
+
+    def attach(self, trainer: AsyncTrainer) -> None:
+        feed, actor = trainer._feed, trainer.actor
+        next_row, run_one, next_batch = feed.next_row, trainer._run_one, trainer._next_batch
+        train_on, update_actor = trainer.train_on, actor.update_actor
+        step_rows: set[int] = set()
+
+        def recording_next_row() -> tuple[int, dict]:
+            index, row = next_row()
+            self.handed_out.append(index)
+            return index, row
+
+        async def recording_run_one(request: Any, queue: Any) -> None:
+            self._row_of_group[request.group_id] = request.row_index
+            await run_one(request, queue)
+
+        async def recording_next_batch(*args: Any) -> Any:
+            batch = await next_batch(*args)
+            if batch is not None:
+                self.dropped.update(self._row_of_group[g] for g in batch.dropped_group_ids)
+            return batch
+
+        async def recording_train_on(episodes: list, *args: Any) -> dict[str, float]:
+            step_rows.clear()
+            step_rows.update(e.row_index for e in episodes)
+            return await train_on(episodes, *args)
+
+        def recording_update_actor(*args: Any, **kwargs: Any) -> dict[str, float]:
+            metrics = update_actor(*args, **kwargs)
+            self.trained.extend(sorted(step_rows))
+            return metrics
+
+        feed.next_row, trainer._run_one = recording_next_row, recording_run_one
+        trainer._next_batch, trainer.train_on = recording_next_batch, recording_train_on
+        actor.update_actor = recording_update_actor
+
+    def counts(self, last: AsyncTrainer) -> dict[str, int]:
+        """Rows handed out, trained, trained twice, dropped by the queue, pending in the
+        ``last`` run's saved state (handed out again by a resume), and lost: handed out
+        and none of those."""
+        trained = set(self.trained)
+        pending = _pending(last._feed.state_dict())
+        lost = set(self.handed_out) - trained - self.dropped - pending
+        return {
+            "rows_handed_out": len(set(self.handed_out)),
+            "rows_trained": len(trained),
+            "rows_trained_twice": len(self.trained) - len(trained),
+            "rows_dropped": len(self.dropped - trained),
+            "rows_pending": len(pending - trained),
+            "rows_lost": len(lost),
+        }

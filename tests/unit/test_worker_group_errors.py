@@ -1,33 +1,50 @@
-"""A training rank's failure names its node when the node died (``WorkerGroupError``)."""
+"""A training group's failure names the ranks that no longer answer and their nodes
+(``WorkerGroupError``; the real node loss is ``tests/integration/test_node_loss.py``)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import ray
 
-from agentrl.trainer import group
+from agentrl.trainer.group import WorkerGroup
 
-NODE = "6a3f1b2c" + "0" * 48
-
-
-def _nodes(alive: bool) -> list[dict]:
-    return [
-        {"NodeID": "f" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.1"},
-        {"NodeID": NODE, "Alive": alive, "NodeManagerAddress": "10.0.0.2"},
-    ]
+LIVE, LOST = "a" * 56, "6a3f1b2c" + "0" * 48
 
 
-def test_a_rank_on_a_dead_node_names_the_node(monkeypatch):
-    monkeypatch.setattr(ray, "nodes", lambda: _nodes(alive=False))
-    assert group._lost_node(NODE, wait_s=0) == " (its node 6a3f1b2c at 10.0.0.2 died)"
+class _Rank:
+    """A rank actor whose ping answers (``alive``) or never does."""
+
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+        self.__ray_call__ = SimpleNamespace(remote=lambda _fn: self)
 
 
-def test_a_rank_on_a_live_node_adds_nothing(monkeypatch):
-    monkeypatch.setattr(ray, "nodes", lambda: _nodes(alive=True))
-    assert group._lost_node(NODE, wait_s=0) == ""
+@pytest.fixture
+def fake_ray(monkeypatch):
+    def wait(refs, num_returns, timeout):
+        ready = [r for r in refs if r.alive]
+        return ready, [r for r in refs if not r.alive]
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", lambda ref: LIVE)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": LOST, "Alive": False}])
 
 
-def test_a_node_the_gcs_marks_dead_a_moment_later_is_named(monkeypatch):
-    calls = iter([_nodes(alive=True), _nodes(alive=True), _nodes(alive=False)])
-    monkeypatch.setattr(ray, "nodes", lambda: next(calls))
-    monkeypatch.setattr(group.time, "sleep", lambda _: None)
-    assert "died" in group._lost_node(NODE, wait_s=60)
+def _group(*alive: bool) -> WorkerGroup:
+    group = object.__new__(WorkerGroup)
+    group.actors = [_Rank(a) for a in alive]
+    group.rank_nodes = [LIVE if a else LOST for a in alive]
+    return group
+
+
+def test_a_rank_on_a_lost_node_is_named_with_its_node(fake_ray):
+    assert _group(True, False)._unreachable_ranks() == (
+        " (rank 1 on node 6a3f1b2c (the cluster lists it dead): unreachable, its process "
+        "or node lost)"
+    )
+
+
+def test_when_every_rank_answers_nothing_is_added(fake_ray):
+    assert _group(True, True)._unreachable_ranks() == ""
