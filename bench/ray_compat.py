@@ -9,14 +9,20 @@ Ray, in fresh processes:
 
 - which path each Serve/Ray hook takes (``server.ray_compat.hook_paths``: ``private``
   where the internals agentrl uses exist, ``public`` where it falls back);
-- ``tests/integration/test_null_engine_serving.py``: serving, pause/update/resume,
+- ``tests/integration/test_null_engine_serving.py`` (90 s per test, stopped at the second
+  failure, killed after 5 minutes): serving, pause/update/resume,
   the Serve path a config asks for (private and public), coalescing, a bad request in a
   coalesced call, a replica killed under a coalesced call, sessions that move once when
   their replica dies;
 - ``bench/rollout_transport.py`` (null engine, ``--episodes`` episodes, 1 repeat): the
-  tool workload's turns/s through agentrl ÷ bare Ray actor calls, measured with that Ray.
+  tool workload's turns/s through agentrl ÷ bare Ray actor calls, measured with that Ray
+  (only where the serving tests passed).
 
-    .venv/bin/python bench/ray_compat.py [--versions 2.50.1 2.60.0] [--episodes 200]
+A version that fails records the error most of its tests ended with. Every other package
+is ``.venv``'s, so a Ray that needs an older dependency than the rest of the stack allows
+(protobuf, for one) fails here as it would in a user's environment.
+
+    .venv/bin/python bench/ray_compat.py [--versions 2.56.1 2.60.0] [--episodes 200]
 
 Prints a table and writes ``bench/results/ray_compat.json``: ``versions_tested`` (every
 version run), ``versions_failed`` (those with a failed test or bench, or no install) and
@@ -28,12 +34,15 @@ Ray range is the span of versions this bench passed.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +66,8 @@ MEASURED = [
     "bench/rollout_transport.py",
 ]
 SERVING_TESTS = "tests/integration/test_null_engine_serving.py"
+TEST_TIMEOUT_S = 90  # each takes < 30 s on Ray 2.60; a Ray whose routing hangs fails fast
+SUITE_TIMEOUT_S = 300  # the module takes about 100 s on Ray 2.60
 console = Console()
 
 
@@ -98,16 +109,40 @@ def hook_paths(env: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def serving_tests(env: dict[str, str], log: Path) -> tuple[int, int]:
-    """Runs the null-engine serving tests; returns (passed, failed-or-errored)."""
+def serving_tests(env: dict[str, str], log: Path) -> tuple[int, int, bool]:
+    """Runs the null-engine serving tests; returns (passed, failed-or-errored, hung). A
+    run still going after ``SUITE_TIMEOUT_S`` is killed with its processes (a hang that
+    catches pytest-timeout's exception in a Ray task would otherwise never end)."""
     with log.open("w") as sink:
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", SERVING_TESTS],
-            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False,
+        tests = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             f"--timeout={TEST_TIMEOUT_S}", "--maxfail=2", SERVING_TESTS],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    summary = log.read_text().splitlines()[-1] if log.stat().st_size else ""
-    count = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?)", summary)}
-    return count.get("passed", 0), sum(n for word, n in count.items() if word != "passed")
+        try:
+            tests.wait(timeout=SUITE_TIMEOUT_S)
+            hung = False
+        except subprocess.TimeoutExpired:
+            os.killpg(tests.pid, signal.SIGKILL)
+            tests.wait()
+            hung = True
+    lines = log.read_text(errors="replace").splitlines()
+    if hung:  # only pytest's progress dots say what passed
+        progress = "".join(line for line in lines if re.fullmatch(r"[.FEsx]+( \[.*\])?", line))
+        return progress.count("."), progress.count("F") + progress.count("E") + 1, True
+    count = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|errors?)", lines[-1])}
+    return count.get("passed", 0), sum(n for w, n in count.items() if w != "passed"), False
+
+
+def failure_cause(log: Path) -> str | None:
+    """The error most failed tests of a log end with (pytest's ``E   ...Error: ...``, or
+    ``E   Failed: Timeout ...`` for a test that hung)."""
+    causes = Counter(
+        line.removeprefix("E").strip()
+        for line in log.read_text(errors="replace").splitlines()
+        if re.match(r"E\s+(\w+(\.\w+)*(Error|Exception)|Failed): ", line)
+    )
+    return causes.most_common(1)[0][0][:300] if causes else None
 
 
 def transport(env: dict[str, str], episodes: int, log: Path) -> dict[str, Any] | None:
@@ -140,8 +175,15 @@ def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
         return row
     row["paths"] = found["paths"]
     console.print(f"Ray {version}: hooks {found['paths']}; running the serving tests")
-    row["tests_passed"], row["tests_failed"] = serving_tests(env, logs / f"tests-{version}.log")
+    tests_log = logs / f"tests-{version}.log"
+    row["tests_passed"], row["tests_failed"], hung = serving_tests(env, tests_log)
     console.print(f"Ray {version}: {row['tests_passed']} passed, {row['tests_failed']} failed")
+    if hung:
+        row["error"] = f"serving tests: a test hung; killed after {SUITE_TIMEOUT_S} s"
+    elif row["tests_failed"] or not row["tests_passed"]:
+        row["error"] = f"serving tests: {failure_cause(tests_log)}"
+    if row["error"]:
+        return row  # the transport bench runs on the same serving path
     bench = transport(env, episodes, logs / f"transport-{version}.log")
     if bench is None:
         row["error"] = f"the transport bench failed (log: transport-{version}.log)"
@@ -157,7 +199,9 @@ def failed(row: dict[str, Any]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", nargs="+", default=["2.50.1", installed_ray()])
+    parser.add_argument(
+        "--versions", nargs="+", default=["2.55.1", "2.56.1", "2.57.1", installed_ray()]
+    )
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -175,7 +219,7 @@ def main() -> None:
             str(row["tests_failed"]),
             f"{row['ratio_tool']:.2f}" if row["ratio_tool"] is not None else "-",
             f"{row['ratio_single']:.2f}" if row["ratio_single"] is not None else "-",
-            row["error"] or "",
+            (row["error"] or "")[:80],
         )  # fmt: skip
     console.print(table)
     console.print(f"logs: {logs}")
@@ -184,6 +228,7 @@ def main() -> None:
         "versions_failed": [row["version"] for row in rows if failed(row)],
         "rows": rows,
         "episodes": args.episodes,
+        "protobuf": importlib.metadata.version("protobuf"),
         **provenance(ROOT, MEASURED),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
