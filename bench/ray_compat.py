@@ -27,7 +27,8 @@ is ``.venv``'s, so a Ray that needs an older dependency than the rest of the sta
 Prints a table and writes ``bench/results/ray_compat.json``: ``versions_tested`` (every
 version run), ``versions_failed`` (those with a failed test or bench, or no install) and
 ``rows`` (per version: ``version``, ``paths``, ``tests_passed``, ``tests_failed``,
-``ratio_tool``, ``ratio_single``, ``error``), with the ``commit``. ``pyproject.toml``'s
+``ratio_tool``, ``ratio_single``, ``error``, ``date``), with the ``commit``. ``--merge``
+adds the versions run to those of an earlier run at the same commit. ``pyproject.toml``'s
 Ray range is the span of versions this bench passed.
 """
 
@@ -204,6 +205,11 @@ def main() -> None:
     )
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other versions' rows of --out (measured at the same commit)",
+    )
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="ray_compat-"))
     rows = [run_version(version, args.episodes, logs) for version in args.versions]
@@ -223,13 +229,24 @@ def main() -> None:
         )  # fmt: skip
     console.print(table)
     console.print(f"logs: {logs}")
+    here = provenance(ROOT, MEASURED)
+    for row in rows:
+        row["date"] = here["date"]
+    if args.merge and args.out.exists():
+        earlier = json.loads(args.out.read_text())
+        if earlier.get("commit") != here["commit"]:
+            raise SystemExit(f"{args.out} was measured at {earlier.get('commit')}, not "
+                             f"{here['commit']}: run every version again")  # fmt: skip
+        ran = {row["version"] for row in rows}
+        rows = [row for row in earlier["rows"] if row["version"] not in ran] + rows
+        rows.sort(key=lambda row: tuple(int(part) for part in row["version"].split(".")))
     payload = {
         "versions_tested": [row["version"] for row in rows],
         "versions_failed": [row["version"] for row in rows if failed(row)],
         "rows": rows,
         "episodes": args.episodes,
         "protobuf": importlib.metadata.version("protobuf"),
-        **provenance(ROOT, MEASURED),
+        **here,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
