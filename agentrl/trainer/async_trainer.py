@@ -31,6 +31,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agentrl.algos import DynamicSampler
 from agentrl.data.loader import RowLoader
@@ -102,7 +103,15 @@ class AsyncTrainer(Trainer):
     def _make_queue(self) -> ray.actor.ActorHandle:
         """The queue actor; named for the gateway's queue sink when one is configured."""
         cfg = self.cfg
-        options: dict[str, Any] = {"max_concurrency": 1000}
+        options: dict[str, Any] = {
+            "max_concurrency": 1000,
+            # On the driver's node: the queue holds the run's finished episodes, and a
+            # queue on a worker node would be lost with that node (the driver's own loss
+            # ends the run anyway).
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            ),
+        }
         name = queue_actor_name(cfg.gateway.sink)
         if name is not None:
             options |= {"name": name, "namespace": cfg.ray.namespace}
