@@ -145,14 +145,15 @@ class OptimizerLedger:
         actor.update_actor = recording_update_actor
 
     def counts(self, last: AsyncTrainer) -> dict[str, int]:
-        """Rows handed out, trained, trained twice, dropped by the queue, pending in the
-        ``last`` run's saved state (handed out again by a resume), and lost: handed out
-        and none of those."""
-        trained = set(self.trained)
-        pending = _pending(last._feed.state_dict())
-        lost = set(self.handed_out) - trained - self.dropped - pending
+        """Rows handed out, trained, trained twice, dropped by the queue, handed out and
+        pending in the ``last`` run's saved state (handed out again by a resume), and lost:
+        handed out and none of those. (The saved state's pending rows also hold rows read
+        from the data but not handed out yet; those are not counted.)"""
+        handed, trained = set(self.handed_out), set(self.trained)
+        pending = _pending(last._feed.state_dict()) & handed
+        lost = handed - trained - self.dropped - pending
         return {
-            "rows_handed_out": len(set(self.handed_out)),
+            "rows_handed_out": len(handed),
             "rows_trained": len(trained),
             "rows_trained_twice": len(self.trained) - len(trained),
             "rows_dropped": len(self.dropped - trained),
