@@ -28,8 +28,8 @@ Prints a table and writes ``bench/results/ray_compat.json``: ``versions_tested``
 version run), ``versions_failed`` (those with a failed test or bench, or no install) and
 ``rows`` (per version: ``version``, ``paths``, ``tests_passed``, ``tests_failed``,
 ``ratio_tool``, ``ratio_single``, ``error``, ``date``), with the ``commit``. ``--merge``
-adds the versions run to those of an earlier run at the same commit. ``pyproject.toml``'s
-Ray range is the span of versions this bench passed.
+adds the versions run to those of an earlier run whose measured files were the same.
+``pyproject.toml``'s Ray range is the span of versions this bench passed.
 """
 
 from __future__ import annotations
@@ -193,6 +193,16 @@ def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
     return row
 
 
+def same_measured_code(earlier: str | None, now: str) -> bool:
+    """Whether no MEASURED file differs between the commits of two runs."""
+    if earlier is None or earlier.endswith("dirty") or now.endswith("dirty"):
+        return False
+    diff = subprocess.run(
+        ["git", "diff", "--quiet", earlier, now, "--", *MEASURED], cwd=ROOT, check=False
+    )
+    return diff.returncode == 0
+
+
 def failed(row: dict[str, Any]) -> bool:
     """Whether a version did not pass everything."""
     return bool(row["error"] or row["tests_failed"] or not row["tests_passed"])
@@ -208,7 +218,7 @@ def main() -> None:
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="keep the other versions' rows of --out (measured at the same commit)",
+        help="keep the other versions' rows of --out (measured on the same code)",
     )
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="ray_compat-"))
@@ -234,9 +244,10 @@ def main() -> None:
         row["date"] = here["date"]
     if args.merge and args.out.exists():
         earlier = json.loads(args.out.read_text())
-        if earlier.get("commit") != here["commit"]:
-            raise SystemExit(f"{args.out} was measured at {earlier.get('commit')}, not "
-                             f"{here['commit']}: run every version again")  # fmt: skip
+        if not same_measured_code(earlier.get("commit"), here["commit"]):
+            raise SystemExit(f"the code {args.out} measured changed between "
+                             f"{earlier.get('commit')} and {here['commit']}: run every "
+                             "version again")  # fmt: skip
         ran = {row["version"] for row in rows}
         rows = [row for row in earlier["rows"] if row["version"] not in ran] + rows
         rows.sort(key=lambda row: tuple(int(part) for part in row["version"].split(".")))
