@@ -88,7 +88,7 @@ class WorkerGroup:
             )
             for rank in range(self.world_size)
         ]
-        self.rank_nodes: list[str] = []
+        self.rank_nodes: list[str] = []  # read by _wait, should this first call fail
         self.rank_nodes = self._wait([a.__ray_call__.remote(_node_id) for a in self.actors])
         addr, port = self._wait([self.actors[0].master_address.remote()])[0]
         self.call("setup", addr, port)
@@ -123,7 +123,7 @@ class WorkerGroup:
         return ray.get(refs)
 
     def _unreachable_ranks(self, timeout_s: float = 5.0) -> str:
-        """`` (rank R on node N is unreachable...)`` for the ranks that do not answer a
+        """`` (rank R on node N: unreachable, ...)`` for the ranks that do not answer a
         ping within ``timeout_s``, else empty. When a node is lost, a rank on a live node
         may fail first (its collective's peer vanished), so every rank is asked."""
         pings = [actor.__ray_call__.remote(_node_id) for actor in self.actors]

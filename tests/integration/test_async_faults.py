@@ -23,7 +23,7 @@ import psutil
 import pytest
 import ray
 from code_task import code_tool_overrides
-from fault_ledger import MULTI_TURN, QUICK_ENGINE, REPLICAS, Ledger, run_shape
+from fault_ledger import MULTI_TURN, QUICK_ENGINE, REPLICAS, Ledger, run_shape, when_step
 from ray import serve
 from toy_task import toy_config
 
@@ -82,12 +82,6 @@ def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) 
     assert counted >= steps * batch, ledger
 
 
-async def _when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> None:
-    while trainer.step < step and not fit.done():
-        await asyncio.sleep(0.05)
-    assert not fit.done(), fit
-
-
 async def _fit_and_kill(
     trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]]
 ) -> tuple[list[dict[str, float]], float]:
@@ -95,7 +89,7 @@ async def _fit_and_kill(
     step ``at_step`` is reached (waiting for one to exist); the run's history and the
     seconds from the kill to its end."""
     fit = asyncio.create_task(trainer.fit())
-    await _when_step(trainer, fit, at_step)
+    await when_step(trainer, fit, at_step)
     async with asyncio.timeout(120):
         while not (pids := find_pids()):
             await asyncio.sleep(0.05)
@@ -347,7 +341,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
     trainer.setup()
     try:
         fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 2)
+        await when_step(trainer, fit, 2)
         ranks = _pids("ray::ActorWorker")
         assert len(ranks) == 2
         killed_at = time.monotonic()

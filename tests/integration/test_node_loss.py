@@ -22,7 +22,7 @@ import time
 
 import pytest
 import ray
-from fault_ledger import QUICK_ENGINE, Ledger, OptimizerLedger, run_shape
+from fault_ledger import QUICK_ENGINE, Ledger, OptimizerLedger, run_shape, when_step
 from local_cluster import cluster_fixture, free_port
 from toy_task import toy_config
 
@@ -82,12 +82,6 @@ def _worker_nodes(trainer: AsyncTrainer) -> list[str]:
     return [_node_of(worker) for worker in trainer.manager._pool.actors]
 
 
-async def _when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> None:
-    while trainer.step < step and not fit.done():
-        await asyncio.sleep(0.05)
-    assert not fit.done(), fit
-
-
 async def test_a_lost_worker_node_s_replica_and_episodes_move_to_the_head(
     both_nodes, tiny_checkpoint, tmp_path_factory, record_property
 ):
@@ -109,7 +103,7 @@ async def test_a_lost_worker_node_s_replica_and_episodes_move_to_the_head(
     try:
         assert node2 in _replica_nodes() and node2 in _worker_nodes(trainer)
         fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 1)
+        await when_step(trainer, fit, 1)
         lost_at = time.monotonic()
         cluster.kill_node("node2")
         history = await asyncio.wait_for(fit, 900)
@@ -146,7 +140,7 @@ async def test_a_lost_fsdp_rank_node_stops_the_run_naming_it_and_it_resumes(
     optimizer.attach(trainer)
     try:
         fit = asyncio.create_task(trainer.fit())
-        await _when_step(trainer, fit, 2)
+        await when_step(trainer, fit, 2)
         lost_at = time.monotonic()
         cluster.kill_node("node2")
         names_the_node = rf"rank \d on node {node2[:8]}.*unreachable"
