@@ -158,6 +158,7 @@ class SessionAffinityPolicy:
 
 _registry: dict[str, list[SessionAffinityPolicy]] = {}
 _registry_lock = threading.Lock()
+_replicas: dict[str, frozenset[str]] = {}
 
 
 def register_policy(deployment: str, policy: SessionAffinityPolicy) -> None:
@@ -179,3 +180,19 @@ def affinity_stats() -> dict[str, AffinityStats]:
 def _total(policies: list[SessionAffinityPolicy]) -> AffinityStats:
     names = [f.name for f in fields(AffinityStats)]
     return AffinityStats(**{n: sum(getattr(p.stats, n) for p in policies) for n in names})
+
+
+def note_replicas(deployment: str, replicas: Iterable[str]) -> None:
+    """Record the replicas a router of ``deployment`` in this process last chose among."""
+    with _registry_lock:
+        _replicas[deployment] = frozenset(replicas)
+
+
+def known_replicas(deployment: str) -> int:
+    """How many replicas this process's routers of ``deployment`` last saw (0: none yet).
+
+    A hint for spreading a burst of new sessions (``ServerClient``'s coalescing): the
+    router still places every request itself.
+    """
+    with _registry_lock:
+        return len(_replicas.get(deployment, ()))

@@ -20,7 +20,7 @@ from tenacity import (
 )
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
-from agentrl.server.affinity import AffinityStats, affinity_stats
+from agentrl.server.affinity import AffinityStats, affinity_stats, known_replicas
 from agentrl.server.config import ServerConfig
 from agentrl.server.ray_compat import use_private
 
@@ -241,6 +241,10 @@ class ServerClient:
         if len(self._session_replicas) > self._max_sessions:
             self._session_replicas.popitem(last=False)
 
+    def _spread_ways(self) -> int:
+        """Into how many groups a tick's new sessions split: one per replica known."""
+        return max(known_replicas(self._deployment_name), len(self._replicas_seen))
+
     def _replica_hint(self, session_id: str | None) -> str | None:
         """The replica that served ``session_id``'s last turn (None: new or sessionless)."""
         return None if session_id is None else self._session_replicas.get(session_id)
@@ -456,9 +460,11 @@ class _Coalescer:
     (``loop.call_soon``), so a lone request waits for no timer; a group that reaches
     ``max_batch`` goes at once. Requests are grouped by the replica that served their
     session last (``ServerClient._replica_hint``). Requests of new sessions are split
-    into one group per replica the client has seen, so that the router spreads them
-    as it would spread single requests; before any reply named a replica they go one
-    by one.
+    into one group per replica the router knows (``affinity.known_replicas``; with
+    Serve's default router, per replica the client has seen), and the router places
+    each group as it would a single request, so a burst of new sessions spreads over
+    every replica whatever this client has talked to so far. Before the router knows
+    any replica they go one by one.
     """
 
     def __init__(self, client: ServerClient, loop: asyncio.AbstractEventLoop, max_batch: int):
@@ -485,7 +491,7 @@ class _Coalescer:
         new = groups.pop(None, [])
         for group in groups.values():
             self._send(group)
-        ways = len(self._client._replicas_seen) or len(new)
+        ways = self._client._spread_ways() or len(new)
         for i in range(min(ways, len(new))):
             share = new[i::ways]
             for start in range(0, len(share), self._max_batch):

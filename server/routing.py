@@ -20,7 +20,7 @@ from typing import Any
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from agentrl.server.affinity import SessionAffinityPolicy, register_policy
+from agentrl.server.affinity import SessionAffinityPolicy, note_replicas, register_policy
 from agentrl.server.ray_compat import use_private
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class SessionAffinityRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        note_replicas(self._deployment_id.name, by_id)
         failed_actors = _request_kwarg(pending_request, "avoid_actor_ids", ())
         avoid = {rid for rid, r in by_id.items() if r.actor_id.hex() in failed_actors}
         full = {rid for rid, r in by_id.items() if self._is_full(r)}
@@ -100,6 +101,7 @@ class RoundRobinRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
+        note_replicas(self._deployment_id.name, (r.replica_id.unique_id for r in ordered))
         start = next(self._counter) % len(ordered)
         return [[ordered[start]], ordered[start + 1 :] + ordered[:start]]
 

@@ -8,6 +8,7 @@ takes (``agentrl.server.ray_compat``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import signal
@@ -95,8 +96,8 @@ async def test_replicas_write_no_access_log_by_default(client):
 async def test_generate_calls_take_the_serve_path_the_config_asks_for(
     client, coalescing, public_path
 ):
-    await client.generate("path", [1])  # (a call of the coalescing client would
-    for each in (client, coalescing):  # teach it a replica the next test must not know)
+    await client.generate("path", [1])
+    for each in (client, coalescing):
         assert (each._data_handle() is each._handle) is public_path
 
 
@@ -152,6 +153,10 @@ async def test_coalesced_turns_keep_sessions_on_their_replicas_with_the_same_out
 ):
     paths: dict[str, list[str]] = {f"co-{i}": [] for i in range(24)}
     prompts = {session: [1, 2, 3] for session in paths}
+    # A router of this process has chosen among both replicas (this request), so even the
+    # sessions' first turns travel coalesced, one group per replica.
+    await coalescing.generate("co-warm", [1], SamplingParams(max_tokens=1))
+    coalesced = coalescing.coalesced_requests
     before = sum((await _served(client)).values())
     for _ in range(5):  # the sessions' turns in step: each turn's calls leave in one tick
         outs = await asyncio.gather(
@@ -165,14 +170,32 @@ async def test_coalesced_turns_keep_sessions_on_their_replicas_with_the_same_out
     assert sum((await _served(client)).values()) - before == 24 * 5  # each turn once
     assert all(len(set(path)) == 1 for path in paths.values()), paths
     assert len({path[0] for path in paths.values()}) == 2
-    # Turns 2-5 travelled with the other sessions of their replica (turn 1 went one by one).
-    assert coalescing.coalesced_requests == 24 * 4
+    # Every turn travelled with the other sessions of its replica.
+    assert coalescing.coalesced_requests - coalesced == 24 * 5
     # New sessions, once the client knows both replicas, are still spread over both.
     outs = await asyncio.gather(
         *(coalescing.generate(f"co-new-{i}", [1], SamplingParams()) for i in range(24))
     )
-    assert coalescing.coalesced_requests == 24 * 5
+    assert coalescing.coalesced_requests - coalesced == 24 * 6
     assert len({o.replica_id for o in outs}) == 2
+
+
+async def test_a_burst_of_new_sessions_spreads_over_both_replicas_after_one_warm_up_request(
+    client, public_path
+):
+    """A client that has seen one replica (one warm-up request) sends a burst of new
+    sessions: they spread over both replicas, as single requests would."""
+    fresh = ServerClient.connect(
+        "rollout", DEPLOYMENT_NAME, coalesce_max_batch=64, public_path=public_path
+    )
+    await fresh.generate("burst-warm", [1], SamplingParams(max_tokens=1))
+    outs = await asyncio.gather(
+        *(fresh.generate(f"burst-{i}", [1], SamplingParams(max_tokens=1)) for i in range(64))
+    )
+    per_replica = collections.Counter(o.replica_id for o in outs)
+    assert sorted(per_replica.values()) == [32, 32], per_replica
+    assert fresh.coalesced_requests == 64
+    await fresh.close()
 
 
 async def test_a_bad_request_in_a_coalesced_call_fails_alone(coalescing):

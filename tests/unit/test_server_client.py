@@ -9,6 +9,7 @@ import pytest
 from ray.exceptions import RayActorError
 
 from agentrl.core.types import RolloutError, SamplingParams, TokenOutput
+from agentrl.server.affinity import note_replicas
 from agentrl.server.client import ReplicaFailure, ServerClient
 
 DEAD = "ab" * 14
@@ -240,6 +241,20 @@ async def test_one_ticks_turns_for_one_replica_travel_as_one_call_routed_by_a_se
     assert [r["prompt_ids"] for r in pinned[1]["args"][0]] == [[2], [2], [2]]
     # A new session alone in its group takes the plain call (one replica seen: one group).
     assert fresh[0] == "generate" and fresh[1]["session_id"] == "new"
+
+
+async def test_new_sessions_split_over_every_replica_the_router_knows():
+    """A client that has seen one replica still sends a burst of new sessions as one
+    group per replica its router chose among, so the router can spread them."""
+    note_replicas("spread-d", ["A", "B", "C"])
+    replicas = _Replicas()
+    client = ServerClient(replicas, deployment_name="spread-d", coalesce_max_batch=64)
+    await _turn(client, ["warm"])
+    replicas.calls.clear()
+    await _turn(client, [f"n{i}" for i in range(9)])
+    groups = [[r["session_id"] for r in c["args"][0]] for _, c in replicas.calls]
+    assert sorted(len(g) for g in groups) == [3, 3, 3]
+    assert sorted(s for g in groups for s in g) == sorted(f"n{i}" for i in range(9))
 
 
 async def test_groups_are_cut_at_max_batch():
