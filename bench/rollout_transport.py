@@ -22,19 +22,34 @@ concurrency, episodes and turns, and the same arguments per call:
 The agent-loop sides follow the config: with ``server.coalesce=true`` they coalesce their
 calls, and the same sides without it run too (``agentrl_1w_uncoalesced``, ...).
 
-Each side runs ``--repeats`` times (the sides interleaved); the median wall-clock time
-gives turns/s (turns = generate calls). Every measurement checks the work it did:
-episodes, turns and model tokens, and the replicas' request counters.
+And the floor, ``inprocess``: the same agent loops in one Ray actor, answered by a
+``NullEngine`` in that actor's own process (no Serve, no Ray call per turn). No transport
+can beat the loops' own work.
 
-    .venv/bin/python bench/rollout_transport.py [--episodes 1000] [--repeats 3]
+A measurement runs rounds of ``--episodes`` concurrent episodes until ``--min-seconds``
+have passed, so a fast side does more rounds rather than a shorter, noisier run; turns/s
+is its turns ÷ its seconds. Each side is measured ``--repeats`` times (the sides
+interleaved) and reports the median, and ``spread`` = (slowest − fastest) ÷ median of its
+repeats. Every measurement checks the work it did: episodes, turns and model tokens, and
+the replicas' request counters (per replica, under ``per_replica``).
 
-Prints a table and writes ``bench/results/rollout_transport.json``: ``ratio_single`` and
-``ratio_tool`` (agentrl with 1 worker ÷ ``bare_actor``), ``turns_per_s_single`` and
-``turns_per_s_tool``, the same for 2 workers under ``workers2``, each baseline's turns/s
-under ``baselines``, the same without coalescing under ``uncoalesced`` (when run with
-``server.coalesce=true``), the work per side under ``work``, ``latency_ms`` (one session's
-turns one after another: what a lone request pays, with and without coalescing) and the
-``commit``.
+    .venv/bin/python bench/rollout_transport.py [--episodes 1000] [--repeats 5] [--replicas 2]
+
+Prints a table and writes ``bench/results/rollout_transport.json`` (``--out`` for another
+path):
+
+- the headline, agentrl with 1 worker against the strongest like-for-like baseline, the
+  bare caller with the same coalescing rule: ``ratio_single_batched`` and
+  ``ratio_tool_batched``; the same against one bare actor call per turn:
+  ``ratio_single`` and ``ratio_tool``; the floor's share, ``ratio_*_inprocess``;
+- ``turns_per_s_single`` and ``turns_per_s_tool``; the same for 2 workers under
+  ``workers2``; without coalescing under ``uncoalesced`` (when run with
+  ``server.coalesce=true``); each baseline's turns/s under ``baselines``;
+- ``work`` (episodes, turns, tokens and coalesced requests per side), ``spread``,
+  ``per_replica``; ``new_session_spread``: where a fresh coalescing client sent a burst
+  of 64 new sessions after one warm-up request;
+- ``latency_ms`` (one session's turns one after another: what a lone request pays, with
+  and without coalescing) and the ``commit``.
 """
 
 from __future__ import annotations
@@ -75,6 +90,7 @@ use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
 from rich.console import Console  # noqa: E402
+from rich.progress import MofNCompleteColumn, Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
@@ -92,6 +108,8 @@ WORKLOADS = {
     "tool": (TURNS, SamplingParams(max_tokens=512)),
 }
 BASELINES = ("bare_actor", "bare_handle", "bare_client", "bare_coalesced")
+FLOOR = "inprocess"
+BURST = 64
 LATENCY_TURNS = 80  # the prompt grows by a turn each: 80 fit max_model_len
 TOOL_DELTA = 16
 """Token ids a bare episode appends per tool turn (about the rendered echo response)."""
@@ -130,6 +148,36 @@ class NullActor:
         return await self._engine.generate(request_id or uuid.uuid4().hex, prompt_ids, sampling)
 
 
+class EngineClient:
+    """A ``GenerateClient`` that answers from an engine in the caller's own process."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    async def generate(
+        self, session_id: str | None, prompt_ids: list[int], sampling: SamplingParams | None
+    ) -> TokenOutput:
+        return await self._engine.generate(uuid.uuid4().hex, prompt_ids, sampling)
+
+
+class InProcessLoops:
+    """The floor: the agent loops with no transport, in one Ray actor like a worker."""
+
+    def __init__(self, config: Any, engine: dict[str, Any]) -> None:
+        from agentrl.server.null_engine import NullEngine
+
+        null = NullEngine(ModelConfig(path="unused"), EngineConfig(**engine))
+        self._worker = AgentLoopWorker(config, client=EngineClient(null))
+
+    async def run(self, episodes: int, turns: int, sampling: SamplingParams) -> list[Any]:
+        from agentrl.rollout.episode import make_requests
+
+        agent = "tool_agent" if turns > 1 else "single_turn"
+        rows = [{"prompt": PROMPT, "agent_name": agent}] * episodes
+        requests = make_requests(rows, n=1, sampling=sampling)
+        return await asyncio.gather(*(self._worker.run_episode(r) for r in requests))
+
+
 class CountingWorker(AgentLoopWorker):
     """The agent-loop worker, telling how many of its client's requests travelled in
     coalesced Serve calls (``ServerClient.coalesced_requests``)."""
@@ -149,6 +197,7 @@ class BareCaller:
         from agentrl.server.client import ServerClient
 
         self._actor = actor
+        self._deployment, self._max_batch = deployment, max_batch
         self._handle = serve.get_deployment_handle(deployment, app_name)
         self._client = ServerClient(
             self._handle, deployment_name=deployment, max_retries=max_retries
@@ -180,6 +229,24 @@ class BareCaller:
         elapsed = time.perf_counter() - start
         coalesced = self._coalescing.coalesced_requests - coalesced
         return elapsed, Work(episodes, episodes * turns, sum(tokens), coalesced)
+
+    async def new_session_spread(self, prompt: list[int], sampling: SamplingParams) -> dict:
+        """Where a fresh coalescing client sends a burst of new sessions after one
+        warm-up request (sessions per replica)."""
+        from agentrl.server.client import ServerClient
+
+        fresh = ServerClient(
+            self._handle, deployment_name=self._deployment, coalesce_max_batch=self._max_batch
+        )
+        await fresh.generate(f"warm-{uuid.uuid4().hex}", prompt, sampling)
+        outs = await asyncio.gather(
+            *(fresh.generate(f"burst-{uuid.uuid4().hex}", prompt, sampling) for _ in range(BURST))
+        )
+        await fresh.close()
+        counts: dict[str, int] = {}
+        for out in outs:
+            counts[out.replica_id] = counts.get(out.replica_id, 0) + 1
+        return counts
 
     async def _episode(self, call, session: str, turns: int, prompt, sampling) -> int:
         ids, tokens = list(prompt), 0
@@ -238,8 +305,8 @@ def _agentrl_work(results, turns: int) -> Work:
     return Work(len(outputs), len(outputs) * turns, sum(sum(o.response_mask) for o in outputs))
 
 
-async def _served_requests(client) -> int:
-    return sum(s["requests"] for s in await client.stats())
+async def _served_per_replica(client) -> dict[str, int]:
+    return {stats["replica_id"]: stats["requests"] for stats in await client.stats()}
 
 
 async def _coalesced_requests(manager) -> int:
@@ -252,18 +319,17 @@ async def _ref(ref: Any) -> Any:
     return await ref
 
 
-async def _measure(side: str, workload: str, ctx: dict[str, Any]) -> tuple[float, Work]:
+async def _round(
+    side: str, workload: str, ctx: dict[str, Any], episodes: int
+) -> tuple[float, Work]:
+    """One round: ``episodes`` concurrent episodes of ``side``; its seconds and work."""
     turns, sampling = WORKLOADS[workload]
-    episodes = ctx["episodes"]
-    before = await _served_requests(ctx["client"])
     if side in BASELINES:
-        elapsed, work = await ctx["caller"].run.remote(
-            side, episodes, turns, ctx["prompt_ids"], sampling
-        )
-        expected = 0 if side == "bare_actor" else work.turns  # bare_actor bypasses Serve
-        served = await _served_requests(ctx["client"]) - before
-        assert served == expected, f"{side}: replicas served {served} turns, not {expected}"
-        return elapsed, work
+        return await ctx["caller"].run.remote(side, episodes, turns, ctx["prompt_ids"], sampling)
+    if side == FLOOR:
+        start = time.perf_counter()
+        results = await ctx["floor"].run.remote(episodes, turns, sampling)
+        return time.perf_counter() - start, _agentrl_work(results, turns)
     manager = ctx["managers"][side]
     rows = [{"prompt": PROMPT, "agent_name": "tool_agent" if turns > 1 else "single_turn"}]
     coalesced = await _coalesced_requests(manager)
@@ -272,9 +338,26 @@ async def _measure(side: str, workload: str, ctx: dict[str, Any]) -> tuple[float
     elapsed = time.perf_counter() - start
     work = _agentrl_work(results, turns)
     work.coalesced = await _coalesced_requests(manager) - coalesced
-    served = await _served_requests(ctx["client"]) - before
-    assert served == work.turns, f"{side}: replicas served {served} of {work.turns} turns"
     return elapsed, work
+
+
+async def _measure(
+    side: str, workload: str, ctx: dict[str, Any], min_seconds: float = 0.0
+) -> tuple[float, Work, dict[str, int]]:
+    """Rounds of ``side`` until ``min_seconds`` have passed: seconds, work, and the turns
+    each replica served (checked against the work)."""
+    before = await _served_per_replica(ctx["client"])
+    elapsed, total = 0.0, Work(0, 0, 0, 0)
+    while elapsed == 0.0 or elapsed < min_seconds:
+        seconds, work = await _round(side, workload, ctx, ctx["episodes"])
+        elapsed += seconds
+        for field in ("episodes", "turns", "tokens", "coalesced"):
+            setattr(total, field, getattr(total, field) + getattr(work, field))
+    after = await _served_per_replica(ctx["client"])
+    served = {replica: after[replica] - before.get(replica, 0) for replica in after}
+    expected = 0 if side in ("bare_actor", FLOOR) else total.turns  # no Serve on these
+    assert sum(served.values()) == expected, f"{side}: replicas served {served}, not {expected}"
+    return elapsed, total, served
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -315,6 +398,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     variants = {"": base.server.coalesce} | (
         {"_uncoalesced": False} if base.server.coalesce else {}
     )
+    floor = (
+        ray.remote(InProcessLoops)
+        .options(num_cpus=0, max_concurrency=16)
+        .remote(base.model_copy(deep=True), base.server.engine.model_dump())
+    )
     managers = {}
     for suffix, coalesce in variants.items():
         for workers in (1, 2):
@@ -326,24 +414,32 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "episodes": args.episodes,
         "client": client,
         "caller": caller,
+        "floor": floor,
         "managers": managers,
         "prompt_ids": prompt_ids,
     }
-    sides = [*managers, *BASELINES]
+    sides = [*managers, FLOOR, *BASELINES]
     # Warm-up: worker start, chat-template caches, handle routers and replica discovery.
     for side in sides:
         for workload in WORKLOADS:
             await _measure(side, workload, ctx | {"episodes": 64})
-    times: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in sides}
+    spread = await caller.new_session_spread.remote(prompt_ids, WORKLOADS["single"][1])
+    rates: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in sides}
     work: dict[str, dict[str, Work]] = {s: {} for s in sides}
-    for repeat in range(args.repeats):
-        order = sides if repeat % 2 == 0 else sides[::-1]
-        for workload in WORKLOADS:
-            for side in order:
-                elapsed, done = await _measure(side, workload, ctx)
-                times[side][workload].append(elapsed)
-                work[side][workload] = done
-                logger.info("%s %s: %.0f turns/s", side, workload, done.turns / elapsed)
+    per_replica: dict[str, dict[str, dict[str, int]]] = {s: {} for s in sides}
+    total = args.repeats * len(sides) * len(WORKLOADS)
+    with Progress(*Progress.get_default_columns(), MofNCompleteColumn()) as progress:
+        task = progress.add_task("measuring", total=total)
+        for repeat in range(args.repeats):
+            order = sides if repeat % 2 == 0 else sides[::-1]
+            for workload in WORKLOADS:
+                for side in order:
+                    elapsed, done, served = await _measure(side, workload, ctx, args.min_seconds)
+                    rates[side][workload].append(done.turns / elapsed)
+                    work[side][workload] = done
+                    per_replica[side][workload] = served
+                    logger.info("%s %s: %.0f turns/s", side, workload, done.turns / elapsed)
+                    progress.advance(task)
     # The latency a lone request pays: one session's turns one after another.
     latency_ms = {}
     for side in ("bare_client", "bare_coalesced"):
@@ -354,13 +450,16 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     for manager in managers.values():
         manager.shutdown()
     ray.shutdown()
-    rates = {
-        s: {w: work[s][w].turns / statistics.median(times[s][w]) for w in WORKLOADS} for s in sides
-    }
     return {
-        "times": times,
+        "repeat_rates": rates,
+        "rates": {s: {w: statistics.median(rates[s][w]) for w in WORKLOADS} for s in sides},
+        "spread": {
+            s: {w: (max(r) - min(r)) / statistics.median(r) for w, r in rates[s].items()}
+            for s in sides
+        },
         "work": work,
-        "rates": rates,
+        "per_replica": per_replica,
+        "new_session_spread": spread,
         "latency_ms": latency_ms,
         "coalesce": base.server.coalesce,
         "call_tokens": len(call_ids),
@@ -371,17 +470,26 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
     rates = run["rates"]
 
     def summary(side: str) -> dict[str, float]:
+        ratios = {
+            f"ratio_{workload}{suffix}": rates[side][workload] / rates[baseline][workload]
+            for suffix, baseline in (("_batched", "bare_coalesced"), ("", "bare_actor"))
+            for workload in WORKLOADS
+        }
         return {
             "turns_per_s_single": rates[side]["single"],
             "turns_per_s_tool": rates[side]["tool"],
-            "ratio_single": rates[side]["single"] / rates["bare_actor"]["single"],
-            "ratio_tool": rates[side]["tool"] / rates["bare_actor"]["tool"],
+            **ratios,
+            **{
+                f"ratio_{workload}_inprocess": rates[side][workload] / rates[FLOOR][workload]
+                for workload in WORKLOADS
+            },
         }
 
     return {
         "benchmark": "rollout_transport",
         **args.started,
         "episodes": args.episodes,
+        "min_seconds": args.min_seconds,
         "repeats": args.repeats,
         "replicas": args.replicas,
         "overrides": args.overrides,
@@ -399,41 +507,51 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
             if "agentrl_1w_uncoalesced" in rates
             else {}
         ),
+        "inprocess": {w: rates[FLOOR][w] for w in WORKLOADS},
         "baselines": {s: {w: rates[s][w] for w in WORKLOADS} for s in BASELINES},
         "work": {s: {w: vars(x) for w, x in ws.items()} for s, ws in run["work"].items()},
+        "spread": run["spread"],
+        "per_replica": run["per_replica"],
+        "new_session_spread": run["new_session_spread"],
         "latency_ms": run["latency_ms"],
-        "seconds": run["times"],
+        "turns_per_s_per_repeat": run["repeat_rates"],
     }
 
 
 def _print(payload: dict[str, Any], rates: dict[str, dict[str, float]]) -> None:
     table = Table(
         title=f"Rollout transport, null engine, {payload['episodes']} concurrent episodes, "
-        f"{payload['replicas']} replica(s), median of {payload['repeats']}"
+        f"{payload['replicas']} replica(s), median of {payload['repeats']} "
+        f"(runs of at least {payload['min_seconds']} s)"
     )
-    for col in (
-        "path",
-        "single-turn turns/s",
-        "vs bare actor",
-        "4-turn tool turns/s",
-        "vs bare actor",
-    ):
-        table.add_column(col, justify="right")
+    table.add_column("path")
+    for workload in ("single-turn", "4-turn tool"):
+        for column in (f"{workload} turns/s", "spread", "vs batched bare", "vs bare actor"):
+            table.add_column(column, justify="right")
     for side, rate in rates.items():
-        table.add_row(
-            side,
-            f"{rate['single']:.0f}",
-            f"{rate['single'] / rates['bare_actor']['single']:.2f}",
-            f"{rate['tool']:.0f}",
-            f"{rate['tool'] / rates['bare_actor']['tool']:.2f}",
-        )
-    Console().print(table)
+        cells = []
+        for workload in WORKLOADS:
+            cells += [
+                f"{rate[workload]:.0f}",
+                f"{payload['spread'][side][workload]:.0%}",
+                f"{rate[workload] / rates['bare_coalesced'][workload]:.2f}",
+                f"{rate[workload] / rates['bare_actor'][workload]:.2f}",
+            ]
+        table.add_row(side, *cells)
+    console = Console(width=150)  # the table's 9 columns
+    console.print(table)
+    console.print(
+        f"a burst of {BURST} new sessions, sessions per replica: {payload['new_session_spread']}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--min-seconds", type=float, default=3.0, help="each measurement's least duration"
+    )
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--model", default="builtin:tiny-qwen2")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON path")
