@@ -23,26 +23,38 @@ cheaper shapes of some: 1 replica, loops without tools):
   ledger (rows handed out against rows whose episodes reached the optimizer).
 
 Per fault: whether it completed (or stopped with a clear error and resumed from its
-checkpoint), the time to recover or to stop, episodes generated / trained / failed /
-retried / dropped as stale, and rows (or sessions) lost or trained twice (each must be 0).
+checkpoint), the time from the fault to the end of the run (or to the stop), the time
+from the fault to the first actor update after it (where the test keeps the independent
+ledger), episodes generated / trained / failed / retried / dropped as stale, and rows
+(or sessions) lost or trained twice (each must be 0). The independent ledger
+(``fault_ledger.OptimizerLedger``: rows handed out against rows whose episodes reached
+the optimizer) is kept by every fault of ``test_async_faults.py`` and
+``test_node_loss.py``; not by the driver kill (the run is another process) or the
+gateway outage (sessions, not rows).
 A fault "survived" when its run completed, or stopped at once with a clear error and
 resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
-    .venv/bin/python bench/fault_tolerance.py
+    .venv/bin/python bench/fault_tolerance.py [--repeats 3]
 
-Prints a table and writes ``bench/results/fault_tolerance.json``.
+Every fault runs ``--repeats`` times (one pytest run of all of them per repeat). Prints a
+table (per fault: runs survived, seconds as median and range) and writes
+``bench/results/fault_tolerance.json``: totals, ``summary`` (per fault, over the runs) and
+``runs`` (every run's ledgers).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -134,18 +146,12 @@ def _cases(junit: Path) -> list[tuple[str, bool, dict | None]]:
     return cases
 
 
-def _optimizer_cell(counts: dict | None) -> str:
-    """The independent ledger's rows lost / trained twice, where the fault keeps one."""
-    return "" if counts is None else f"{counts['rows_lost']}/{counts['rows_trained_twice']}"
-
-
-def main() -> None:
-    started = provenance(ROOT, MEASURED)
+def _run_once() -> tuple[float, list[dict[str, Any]]]:
+    """One pytest run of every fault: its seconds and a record per fault."""
     with TemporaryDirectory() as tmp:
         junit = Path(tmp) / "report.xml"
         seconds = _run_pytest(RUN_FAULTS, junit)
         cases = _cases(junit)
-
     faults = []
     for test_id, passed, ledger in cases:
         if ledger is not None:
@@ -156,46 +162,124 @@ def main() -> None:
             failed = {"fault": test_id.split("::")[-1], "completed": False, "resumed": False}
             failed["error"] = "the test failed before it recorded its ledger"
             faults.append({**failed, "test": test_id, "survived": False, "no_ledger": True})
+    return seconds, faults
+
+
+def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per fault, over the repeats: runs, survived, the seconds of each run, and the
+    episodes and rows of every ledger column, summed (the independent ledger's too)."""
+    by_test: dict[str, list[dict[str, Any]]] = {}
+    for faults in runs:
+        for fault in faults:
+            by_test.setdefault(fault["test"], []).append(fault)
+    summary = []
+    for test, records in by_test.items():
+        optimizers = [r["optimizer"] for r in records if r.get("optimizer")]
+        summary.append(
+            {
+                "fault": records[0]["fault"],
+                "test": test,
+                "runs": len(records),
+                "survived": sum(bool(r["survived"]) for r in records),
+                "outcome": _outcome(records[0]),
+                "seconds_to_recover_or_stop": [
+                    r.get("seconds_to_recover_or_stop") for r in records
+                ],
+                "seconds_to_first_trained_step": [
+                    r.get("seconds_to_first_trained_step") for r in records
+                ],
+                **{key: sum(r.get(key, 0) for r in records) for key in LEDGER_COLUMNS},
+                "optimizer_rows_lost": sum(o["rows_lost"] for o in optimizers)
+                if optimizers
+                else None,
+                "optimizer_rows_trained_twice": sum(o["rows_trained_twice"] for o in optimizers)
+                if optimizers
+                else None,
+            }
+        )
+    return summary
+
+
+def _outcome(fault: dict[str, Any]) -> str:
+    if fault.get("no_ledger"):
+        return "test failed"
+    if fault["error"]:
+        return "stopped → resumed → completed"
+    return "resumed → completed" if fault["resumed"] else "completed"
+
+
+def _seconds_cell(values: list[float | None]) -> str:
+    """Median (min–max) of the runs that measured it."""
+    measured = sorted(v for v in values if v is not None)
+    if not measured:
+        return ""
+    median = statistics.median(measured)
+    if len(measured) == 1:
+        return f"{median:.0f}"
+    return f"{median:.0f} ({measured[0]:.0f}–{measured[-1]:.0f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every fault")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    started = provenance(ROOT, MEASURED)
+    runs, seconds = [], 0.0
+    for repeat in range(args.repeats):
+        Console().print(f"fault run {repeat + 1} of {args.repeats}")
+        run_seconds, faults = _run_once()
+        seconds += run_seconds
+        runs.append(faults)
+    summary = _summary(runs)
+    every = [fault for faults in runs for fault in faults]
     payload = {
         "benchmark": "fault_tolerance",
         **started,
         "seconds": round(seconds, 1),
-        "faults_injected": len(faults),
-        "faults_survived": sum(bool(f["survived"]) for f in faults),
+        "repeats": args.repeats,
+        "faults_injected": len(every),
+        "faults_survived": sum(bool(f["survived"]) for f in every),
         # Counted per dataset row (a group of rollout.n episodes is lost or trained twice
         # as a whole: a batch takes complete groups only), per session for the gateway.
-        "episodes_lost": sum(f.get("rows_lost", 0) for f in faults),
-        "episodes_duplicated": sum(f.get("rows_duplicated", 0) for f in faults),
-        "faults": faults,
+        "episodes_lost": sum(f.get("rows_lost", 0) for f in every),
+        "episodes_duplicated": sum(f.get("rows_duplicated", 0) for f in every),
+        "summary": summary,
+        "runs": runs,
     }
 
-    table = Table(title="Fault injection (async run: η = 1, vLLM-CPU, 2 FSDP ranks)")
-    columns = ("fault", "survived", "outcome", "s to recover/stop", "generated", "trained")
-    for col in (*columns, "failed", "retried", "stale", "lost", "dup", "optimizer lost/twice"):
+    table = Table(
+        title=f"Fault injection (async run: η = 1, vLLM-CPU, 2 FSDP ranks), "
+        f"{args.repeats} run(s) of each; seconds: median (min–max)"
+    )
+    columns = ("fault", "survived", "outcome", "s to recover/stop", "s to first trained step")
+    for col in (*columns, "generated / trained / failed / retried / stale", "lost", "dup",
+                "optimizer lost/twice"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("fault", "outcome") else "right")
-    for f in faults:
-        if f.get("no_ledger"):
-            outcome = "test failed"
-        elif f["error"]:
-            outcome = "stopped → resumed → completed"
-        else:
-            outcome = "resumed → completed" if f["resumed"] else "completed"
-        seconds_cell = f.get("seconds_to_recover_or_stop")
+    for f in summary:
+        optimizer = (
+            ""
+            if f["optimizer_rows_lost"] is None
+            else f"{f['optimizer_rows_lost']}/{f['optimizer_rows_trained_twice']}"
+        )
         table.add_row(
             f["fault"],
-            "yes" if f["survived"] else "NO",
-            outcome,
-            f"{seconds_cell:.1f}" if seconds_cell is not None else "",
-            *(str(f.get(key, "")) for key in LEDGER_COLUMNS),
-            _optimizer_cell(f.get("optimizer")),
+            f"{f['survived']}/{f['runs']}",
+            f["outcome"],
+            _seconds_cell(f["seconds_to_recover_or_stop"]),
+            _seconds_cell(f["seconds_to_first_trained_step"]),
+            " / ".join(str(f[key]) for key in LEDGER_COLUMNS[:5]),
+            str(f["rows_lost"]),
+            str(f["rows_duplicated"]),
+            optimizer,
         )
-    Console().print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(payload, indent=2))
+    Console(width=160).print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=2))
     Console().print(
-        f"{payload['faults_survived']}/{payload['faults_injected']} faults survived, "
+        f"{payload['faults_survived']}/{payload['faults_injected']} fault runs survived, "
         f"{payload['episodes_lost']} lost, {payload['episodes_duplicated']} duplicated; "
-        f"wrote {RESULTS}"
+        f"wrote {args.out}"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,17 @@ class Ledger:
     episodes_dropped_stale: int = 0
     rows_lost: int = 0
     rows_duplicated: int = 0
+    seconds_to_first_trained_step: float | None = None
+    """From the fault to the end of the first actor update after it (the resumed run's,
+    where the run stopped): how long training stood still."""
     optimizer: dict[str, int] | None = None
     """The independent count (``OptimizerLedger.counts``), where the test keeps one."""
+
+    def keep(self, optimizer: OptimizerLedger, last: AsyncTrainer, fault_at: float) -> None:
+        """Take the independent count and the time to the first update after the fault
+        (``fault_at``, ``time.monotonic()``) from ``optimizer``."""
+        self.optimizer = optimizer.counts(last)
+        self.seconds_to_first_trained_step = optimizer.seconds_to_update_after(fault_at)
 
     def add_run(self, history: list[dict[str, float]]) -> None:
         """One ``fit`` call's logged steps (its queue counters are cumulative)."""
@@ -115,6 +125,8 @@ class OptimizerLedger:
     trained: list[int] = field(default_factory=list)
     """One entry per (row, optimizer step): a row twice here was trained twice."""
     dropped: set[int] = field(default_factory=set)
+    updated_at: list[float] = field(default_factory=list)
+    """When each actor update ended (``time.monotonic()``)."""
     _row_of_group: dict[str, int] = field(default_factory=dict)
 
     def attach(self, trainer: AsyncTrainer) -> None:
@@ -146,11 +158,17 @@ class OptimizerLedger:
         def recording_update_actor(*args: Any, **kwargs: Any) -> dict[str, float]:
             metrics = update_actor(*args, **kwargs)
             self.trained.extend(sorted(step_rows))
+            self.updated_at.append(time.monotonic())
             return metrics
 
         feed.next_row, trainer._run_one = recording_next_row, recording_run_one
         trainer._next_batch, trainer.train_on = recording_next_batch, recording_train_on
         actor.update_actor = recording_update_actor
+
+    def seconds_to_update_after(self, moment: float) -> float | None:
+        """Seconds from ``moment`` to the end of the first actor update after it (None:
+        no update ended after it)."""
+        return next((t - moment for t in self.updated_at if t > moment), None)
 
     def counts(self, last: AsyncTrainer) -> dict[str, int]:
         """Rows handed out, trained, trained twice, dropped by the queue, handed out and

@@ -3,7 +3,9 @@ PID during a run (an agent-loop worker, a rollout replica, a training rank), a r
 run, a failing producer. Each run either completes or stops at once with an error
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
-Each test records its fault's ledger as the ``fault`` property; ``bench/fault_tolerance.py``
+Each test records its fault's ledger as the ``fault`` property, with an independent count
+of the rows that reached the optimizer (``fault_ledger.OptimizerLedger``) and the time
+from the fault to the first actor update after it; ``bench/fault_tolerance.py``
 runs this module, every run on vLLM-CPU with 2 replicas and multi-turn tool loops
 (``fault_ledger.FULL_RUNS``), and tabulates them; the default suite runs the faults the
 engine plays no part in on the HF engine. The ``long_fault`` tests (two runs each,
@@ -23,7 +25,15 @@ import psutil
 import pytest
 import ray
 from code_task import code_tool_overrides
-from fault_ledger import MULTI_TURN, QUICK_ENGINE, REPLICAS, Ledger, run_shape, when_step
+from fault_ledger import (
+    MULTI_TURN,
+    QUICK_ENGINE,
+    REPLICAS,
+    Ledger,
+    OptimizerLedger,
+    run_shape,
+    when_step,
+)
 from ray import serve
 from toy_task import toy_config
 
@@ -84,10 +94,10 @@ def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) 
 
 async def _fit_and_kill(
     trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]]
-) -> tuple[list[dict[str, float]], float]:
+) -> tuple[list[dict[str, float]], float, float]:
     """Fit ``trainer`` (set up) and SIGKILL the first process ``find_pids`` names once
-    step ``at_step`` is reached (waiting for one to exist); the run's history and the
-    seconds from the kill to its end."""
+    step ``at_step`` is reached (waiting for one to exist); the run's history, the
+    seconds from the kill to its end, and when the kill was (``time.monotonic()``)."""
     fit = asyncio.create_task(trainer.fit())
     await when_step(trainer, fit, at_step)
     async with asyncio.timeout(120):
@@ -96,7 +106,7 @@ async def _fit_and_kill(
     killed_at = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
     history = await asyncio.wait_for(fit, 600)
-    return history, time.monotonic() - killed_at
+    return history, time.monotonic() - killed_at, killed_at
 
 
 def _record_rows_handed_out(trainer: AsyncTrainer) -> list[tuple[int, dict]]:
@@ -130,11 +140,12 @@ def _assert_the_data_order_continues(
 async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
-    ledger = Ledger("trainer stopped, then resumed")
+    ledger, optimizer = Ledger("trainer stopped, then resumed"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("resume")
     shape = [*QUICK_ENGINE, *run_shape(tmp)]
     first = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=[*ASYNC, *shape]))
     first.setup()
+    optimizer.attach(first)
     try:
         ledger.add_run(await first.fit())
         untrained = [index for index, _ in first._feed.state_dict()["pending"]]
@@ -147,6 +158,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     second = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     started = time.monotonic()
     second.setup()
+    optimizer.attach(second)
     resumed_from = second._feed.state_dict()
     handed_out = _record_rows_handed_out(second)
     try:
@@ -160,6 +172,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     ledger.seconds_to_recover_or_stop = time.monotonic() - started
     ledger.count_rows(first)
     ledger.count_rows(second, resumed_from)
+    ledger.keep(optimizer, second, started)
     ledger.record(record_property)
 
     # Generated with the restored weights: nothing is stale after the resume, and the
@@ -180,19 +193,21 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
 async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_completes(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
-    ledger = Ledger("agent-loop worker killed mid-step")
+    ledger, optimizer = Ledger("agent-loop worker killed mid-step"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_worker")
     steps = 4
     extra = [*ASYNC, *QUICK_ENGINE, MULTI_TURN, *run_shape(tmp)]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
+    optimizer.attach(trainer)
     try:
-        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(
+        history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
             trainer, 1, lambda: _pids("ray::AgentLoopWorker")
         )
     finally:
         trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     # The episodes the worker was running ran again on the restarted worker
@@ -212,20 +227,22 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
 async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weights(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
-    ledger = Ledger("rollout replica killed mid-step")
+    ledger, optimizer = Ledger("rollout replica killed mid-step"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_replica")
     steps = 4
     extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2"]
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
+    optimizer.attach(trainer)
     try:
-        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(
+        history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
             trainer, 2, lambda: _pids("ray::ServeReplica:rollout:")
         )
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
         trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
@@ -241,6 +258,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
     ledger = Ledger("replica killed between pause and resume of a weight push")
+    optimizer = OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_in_push")
     steps = 4
     # The push of version 2 goes through a receiver that holds each replica paused for a
@@ -277,12 +295,14 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         return await swap
 
     trainer.client.swap_weights = swap_and_kill
+    optimizer.attach(trainer)
     try:
         history = await asyncio.wait_for(trainer.fit(), 600)
         ledger.seconds_to_recover_or_stop = time.monotonic() - killed[0]
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
         trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed[0])
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert killed and ledger.completed
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
@@ -307,6 +327,7 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
     tiny_checkpoint, tmp_path_factory, record_property
 ):
     ledger = Ledger("sandbox processes hung (wall-clock limit) and one killed")
+    optimizer = OptimizerLedger()
     tmp = tmp_path_factory.mktemp("sandbox")
     steps = 4
     # Every fourth row's code never ends (the wall-clock limit kills it).
@@ -314,10 +335,14 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
+    optimizer.attach(trainer)
     try:
-        history, ledger.seconds_to_recover_or_stop = await _fit_and_kill(trainer, 1, _sandbox_pids)
+        history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
+            trainer, 1, _sandbox_pids
+        )
     finally:
         trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     # Each episode got its tool answer (the error for a hung or killed process) and was
@@ -334,11 +359,12 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
 async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_resumes(
     tiny_checkpoint, tmp_path_factory, record_property
 ):
-    ledger = Ledger("FSDP rank killed, then resumed")
+    ledger, optimizer = Ledger("FSDP rank killed, then resumed"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_rank")
     extra = [*ASYNC, *run_shape(tmp), "trainer.save_every=1"]
     trainer = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     trainer.setup()
+    optimizer.attach(trainer)
     try:
         fit = asyncio.create_task(trainer.fit())
         await when_step(trainer, fit, 2)
@@ -357,6 +383,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
 
     resumed = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     resumed.setup()
+    optimizer.attach(resumed)
     resumed_from = resumed._feed.state_dict()
     handed_out = _record_rows_handed_out(resumed)
     try:
@@ -368,6 +395,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
     ledger.add_run(history)
     ledger.completed, ledger.resumed = len(history) == 4 - first_step, True
     ledger.count_rows(resumed, resumed_from)
+    ledger.keep(optimizer, resumed, killed_at)
     ledger.record(record_property)
     assert ledger.seconds_to_recover_or_stop < 120
     assert first_step >= 2

@@ -111,7 +111,7 @@ async def test_a_lost_worker_node_s_replica_and_episodes_move_to_the_head(
         replicas_after = _replica_nodes()
     finally:
         trainer.shutdown()
-    ledger.optimizer = optimizer.counts(trainer)
+    ledger.keep(optimizer, trainer, lost_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert ledger.completed
     # The replacement replica runs on the head, next to the one that was there.
@@ -167,7 +167,7 @@ async def test_a_lost_fsdp_rank_node_stops_the_run_naming_it_and_it_resumes(
     ledger.add_run(history)
     ledger.completed, ledger.resumed = len(history) == steps - first_step, True
     ledger.count_rows(resumed, resumed_from)
-    ledger.optimizer = optimizer.counts(resumed)
+    ledger.keep(optimizer, resumed, lost_at)
     ledger.record(record_property)
     assert first_step >= 2 and ledger.completed
     assert ledger.seconds_to_recover_or_stop < 120
