@@ -50,6 +50,7 @@ GUIDES = (
     "gpu-cluster.md",
     "deploy.md",
     "models.md",
+    "benchmarks.md",
 )
 PENDING_LINKS: set[str] = set()
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
