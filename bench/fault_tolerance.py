@@ -38,7 +38,8 @@ resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
 Every fault runs ``--repeats`` times (one pytest run of all of them per repeat). Prints a
 table (per fault: runs survived, seconds as median and range) and writes
-``bench/results/fault_tolerance.json``: totals, ``summary`` (per fault, over the runs) and
+``bench/results/fault_tolerance.json``: totals, ``repeats_per_fault``, ``summary`` (per fault,
+over the runs: ``survived`` of ``runs``) and
 ``runs`` (every run's ledgers).
 """
 
@@ -237,7 +238,7 @@ def main() -> None:
         "benchmark": "fault_tolerance",
         **started,
         "seconds": round(seconds, 1),
-        "repeats": args.repeats,
+        "repeats_per_fault": args.repeats,
         "faults_injected": len(every),
         "faults_survived": sum(bool(f["survived"]) for f in every),
         # Counted per dataset row (a group of rollout.n episodes is lost or trained twice
