@@ -1,0 +1,106 @@
+"""The statistics ``bench/retool_vs_cold_start.py`` reports: accuracy and rates with the
+answers of one problem as one cluster, the best cold start, the goal."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "retool_vs_cold_start.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("retool_vs_cold_start", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def episode(problem: int, acc: float, calls: int = 1, ok: int = 1, error: str | None = None):
+    return {
+        "row_index": problem,
+        "reward_info": None if error else {"acc": acc},
+        "metrics": {"tool_calls": calls, "tool_calls/ok": ok},
+        "response_mask": [1, 1, 0, 1],
+        "error": error,
+    }
+
+
+def test_accuracy_is_the_mean_of_problem_means_with_their_standard_error(bench):
+    # Problem 0: 4 of 4 right, problem 1: 1 of 4, problem 2: 0 of 4.
+    rows = [episode(0, 1.0) for _ in range(4)]
+    rows += [episode(1, 1.0)] + [episode(1, 0.0) for _ in range(3)]
+    rows += [episode(2, 0.0) for _ in range(4)]
+    result = bench.summarize_episodes(rows)
+    means = [1.0, 0.25, 0.0]
+    assert result["accuracy"] == pytest.approx(statistics.fmean(means))
+    # The SE is over 3 problems, not 12 answers: 12 independent answers would give less.
+    assert result["accuracy_se"] == pytest.approx(statistics.stdev(means) / math.sqrt(3))
+    answers = [1.0] * 5 + [0.0] * 7
+    assert result["accuracy_se"] > statistics.stdev(answers) / math.sqrt(12)
+    assert (result["problems"], result["episodes"], result["generated_tokens"]) == (3, 12, 36)
+
+
+def test_a_failed_episode_counts_as_wrong_and_failed_calls_are_a_share_of_all_calls(bench):
+    rows = [
+        episode(0, 1.0, calls=2, ok=1),
+        episode(0, 0.0, error="tool crashed", calls=1, ok=0),
+        episode(1, 1.0, calls=0, ok=0),
+        episode(1, 0.0, calls=1, ok=1),
+    ]
+    result = bench.summarize_episodes(rows)
+    assert result["accuracy"] == pytest.approx(0.5)
+    assert result["failed_episodes"] == 1
+    assert result["tool_use"] == pytest.approx((1.0 + 0.5) / 2)
+    # 2 failed of 4 calls.
+    assert result["failed_call_rate"] == pytest.approx(0.5)
+    assert result["failed_call_rate_se"] > 0
+
+
+def test_no_calls_leave_the_failed_call_rate_undefined(bench):
+    result = bench.summarize_episodes([episode(0, 0.0, calls=0, ok=0)])
+    assert result["failed_call_rate"] is None
+    assert result["tool_use"] == 0.0
+
+
+def test_the_best_cold_start_is_the_highest_dev_sampled_accuracy(bench):
+    grid = {
+        "0": {"sampled": {"accuracy": 0.30}},
+        "0.25": {"sampled": {"accuracy": 0.35}},
+        "0.65": {"sampled": {"accuracy": 0.05}},
+    }
+    assert bench.best_of(grid) == "0.25"
+
+
+def test_the_goal_needs_three_seeds_each_gaining_enough(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "result.json")
+    baseline = {
+        "greedy": {"accuracy": 0.70, "accuracy_se": 0.02},
+        "sampled": {"accuracy": 0.30, "accuracy_se": 0.02},
+    }
+
+    def rl(sampled: float) -> dict:
+        return {
+            "greedy": {"accuracy": 0.72, "accuracy_se": 0.02, "minutes": 5.0},
+            "sampled": {"accuracy": sampled, "accuracy_se": 0.02, "minutes": 20.0},
+        }
+
+    payload = {"seeds": [bench.seed_row(0, rl(0.50), baseline, 15.0)]}
+    bench.write(payload)
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["min_gain_over_best_cold_start"] == pytest.approx(0.20)
+    assert written["min_gain_in_se"] == pytest.approx(0.20 / math.hypot(0.02, 0.02))
+    assert written["max_minutes"] == pytest.approx(40.0)
+    assert written["goal_met"] is False  # one seed of three
+    payload["seeds"] += [bench.seed_row(s, rl(0.50), baseline, 15.0) for s in (1, 2)]
+    bench.write(payload)
+    assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is True
+    payload["seeds"][2] = bench.seed_row(2, rl(0.35), baseline, 15.0)
+    bench.write(payload)
+    assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is False
