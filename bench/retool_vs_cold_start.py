@@ -80,6 +80,7 @@ MEASURED = [
     "agentrl/data",
     "agentrl/models",
     "agentrl/placement.py",
+    "agentrl/plugins.py",
     "agentrl/reward",
     "agentrl/rollout",
     "agentrl/trainer",
