@@ -462,7 +462,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8, help="RL steps per seed")
-    parser.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.65])
+    parser.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.5, 0.65])
     parser.add_argument("--dev", type=int, default=128, help="dev problems")
     parser.add_argument("--test", type=int, default=256, help="test problems")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per problem")
