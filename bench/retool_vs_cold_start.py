@@ -304,22 +304,18 @@ def evaluate(
     return summarize_episodes(rows) | {"samples": samples, "temperature": temperature}
 
 
-def evaluate_both(
-    stages: Stages, name: str, model: Path, split: Path, samples: int, greedy: bool = True
+def sampled_result(
+    stages: Stages, name: str, model: Path, split: Path, samples: int
 ) -> dict[str, Any]:
-    """Sampled (``samples`` answers per problem) and, with ``greedy``, greedy (one per
-    problem) results."""
-    results = {
-        "sampled": stages.cached(
-            f"{name}_sampled",
-            lambda: evaluate(stages, f"{name}_sampled", model, split, samples, TEMPERATURE),
-        )
-    }
-    if greedy:
-        results["greedy"] = stages.cached(
-            f"{name}_greedy", lambda: evaluate(stages, f"{name}_greedy", model, split, 1, 0.0)
-        )
-    return results
+    """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``)."""
+    stage = f"{name}_sampled"
+    return stages.cached(stage, lambda: evaluate(stages, stage, model, split, samples, TEMPERATURE))
+
+
+def greedy_result(stages: Stages, name: str, model: Path, split: Path) -> dict[str, Any]:
+    """One greedy answer per problem (stage ``<name>_greedy``)."""
+    stage = f"{name}_greedy"
+    return stages.cached(stage, lambda: evaluate(stages, stage, model, split, 1, 0.0))
 
 
 def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
@@ -386,10 +382,12 @@ def best_of(grid: dict[str, dict[str, Any]]) -> str:
 
 
 def seed_row(seed: int, rl: dict, baseline: dict, train_minutes: float) -> dict[str, Any]:
-    """One seed: RL on test, its gains over the baseline, and its minutes."""
+    """One seed: RL on test, its gains over the baseline, and its minutes (greedy
+    ``None`` until both greedy passes are measured)."""
     sampled = gain(rl["sampled"], baseline["sampled"])
-    greedy = gain(rl["greedy"], baseline["greedy"])
-    eval_minutes = rl["greedy"]["minutes"] + rl["sampled"]["minutes"]
+    measured = "greedy" in rl and "greedy" in baseline
+    greedy = gain(rl["greedy"], baseline["greedy"]) if measured else {"gain": None, "se": None}
+    eval_minutes = sum(result["minutes"] for result in rl.values())
     return {
         "seed": seed,
         "rl": rl,
@@ -438,7 +436,7 @@ def report(payload: dict[str, Any]) -> None:
     baseline = payload["best_cold_start"]["test"]
     table.add_row(
         f"cold start {payload['best_cold_start']['direct_fraction']}",
-        cell(baseline["greedy"]),
+        cell(baseline["greedy"]) if "greedy" in baseline else "-",
         cell(baseline["sampled"]),
         "",
         cell(baseline["sampled"], "tool_use"),
@@ -448,7 +446,7 @@ def report(payload: dict[str, Any]) -> None:
     for row in payload["seeds"]:
         table.add_row(
             f"RL seed {row['seed']}",
-            cell(row["rl"]["greedy"]),
+            cell(row["rl"]["greedy"]) if "greedy" in row["rl"] else "-",
             cell(row["rl"]["sampled"]),
             f"{row['sampled_gain']:+.3f} ({row['sampled_gain_in_se']:.1f})",
             cell(row["rl"]["sampled"], "tool_use"),
@@ -484,17 +482,22 @@ def main() -> None:
         grid = {}
         for fraction in args.grid:
             cold_start = train_cold_start(stages, fraction, data)
-            grid[f"{fraction:g}"] = evaluate_both(
-                stages,
-                f"dev_cold_start_{fraction:g}",
-                cold_start,
-                data["dev"],
-                args.dev_samples,
-                greedy=args.dev_greedy,
-            )
+            name = f"dev_cold_start_{fraction:g}"
+            grid[f"{fraction:g}"] = {
+                "sampled": sampled_result(stages, name, cold_start, data["dev"], args.dev_samples)
+            }
+            if args.dev_greedy:
+                grid[f"{fraction:g}"]["greedy"] = greedy_result(
+                    stages, name, cold_start, data["dev"]
+                )
         best = best_of(grid)
         best_path = WORK / f"cold-start-{best}"
-        baseline = evaluate_both(stages, "test_cold_start", best_path, data["test"], args.samples)
+        test = data["test"]
+        # Sampled accuracy first, on both sides: it is the goal's measure, and greedy
+        # passes come after, so an interrupted bench has measured what matters most.
+        baseline = {
+            "sampled": sampled_result(stages, "test_cold_start", best_path, test, args.samples)
+        }
         payload: dict[str, Any] = {
             "benchmark": "retool_vs_cold_start",
             **started,
@@ -509,10 +512,13 @@ def main() -> None:
                     "policy": str(train_rl(stages, seed, best_path, data, args.steps))
                 },
             )
-            rl = evaluate_both(
-                stages, f"test_rl_seed{seed}", Path(trained["policy"]), data["test"], args.samples
-            )
+            name, policy = f"test_rl_seed{seed}", Path(trained["policy"])
+            rl = {"sampled": sampled_result(stages, name, policy, test, args.samples)}
             payload["seeds"].append(seed_row(seed, rl, baseline, trained["minutes"]))
+            write(payload)
+            baseline["greedy"] = greedy_result(stages, "test_cold_start", best_path, test)
+            rl["greedy"] = greedy_result(stages, name, policy, test)
+            payload["seeds"][-1] = seed_row(seed, rl, baseline, trained["minutes"])
             write(payload)
     report(payload)
     Console().print(f"wrote {RESULTS}")
@@ -523,15 +529,16 @@ def write(payload: dict[str, Any]) -> None:
     rows = payload["seeds"]
     gains = [row["sampled_gain"] for row in rows]
     in_se = [row["sampled_gain_in_se"] for row in rows]
-    greedy = [row["greedy_change"] for row in rows]
+    greedy = [row["greedy_change"] for row in rows if row["greedy_change"] is not None]
     payload |= {
         "min_gain_over_best_cold_start": min(gains),
         "min_gain_in_se": min(in_se),
-        "min_greedy_change": min(greedy),
+        "min_greedy_change": min(greedy, default=None),
         "max_minutes": max(row["minutes"] for row in rows),
         "goal": f"sampled gain >= {GOAL_GAIN} and >= {GOAL_SE} SE in every seed, "
         "greedy accuracy no lower",
         "goal_met": len(rows) >= 3
+        and len(greedy) == len(rows)
         and min(gains) >= GOAL_GAIN
         and min(in_se) >= GOAL_SE
         and min(greedy) >= 0,

@@ -104,3 +104,18 @@ def test_the_goal_needs_three_seeds_each_gaining_enough(bench, tmp_path, monkeyp
     payload["seeds"][2] = bench.seed_row(2, rl(0.35), baseline, 15.0)
     bench.write(payload)
     assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is False
+
+
+def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_goal(
+    bench, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "result.json")
+    baseline = {"sampled": {"accuracy": 0.30, "accuracy_se": 0.02}}
+    rl = {"sampled": {"accuracy": 0.60, "accuracy_se": 0.02, "minutes": 20.0}}
+    payload = {"seeds": [bench.seed_row(s, rl, baseline, 15.0) for s in range(3)]}
+    bench.write(payload)
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["seeds"][0]["greedy_change"] is None
+    assert written["min_greedy_change"] is None
+    assert written["max_minutes"] == pytest.approx(35.0)
+    assert written["goal_met"] is False  # greedy not measured: "no lower" unproven
