@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,10 @@ def summarize_episodes(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "problems": len(accuracy),
         "episodes": len(rows),
         "failed_episodes": sum(1 for row in rows if row.get("error")),
+        # Why they failed: each error's first clause (the rest names the episode).
+        "failure_kinds": dict(
+            Counter(row["error"].split(":")[0] for row in rows if row.get("error"))
+        ),
         "generated_tokens": tokens,
     }
 
@@ -277,9 +281,11 @@ def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> 
 def evaluate(
     stages: Stages, name: str, model: Path, split: Path, samples: int, temperature: float
 ) -> dict[str, Any]:
-    """``agentrl rollout`` of ``model`` over ``split``: its summary."""
+    """``agentrl rollout`` of ``model`` over ``split``: its summary (the episodes stay in
+    ``WORK/episodes/<name>.jsonl``)."""
+    out = WORK / "episodes" / f"{name}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "episodes.jsonl"
         # Nothing else runs during an evaluation: both cores go to the engine.
         env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
         stages.run(

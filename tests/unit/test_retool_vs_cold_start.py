@@ -50,13 +50,14 @@ def test_accuracy_is_the_mean_of_problem_means_with_their_standard_error(bench):
 def test_a_failed_episode_counts_as_wrong_and_failed_calls_are_a_share_of_all_calls(bench):
     rows = [
         episode(0, 1.0, calls=2, ok=1),
-        episode(0, 0.0, error="tool crashed", calls=1, ok=0),
+        episode(0, 0.0, error="agent-loop worker failed: RayTaskError: boom", calls=1, ok=0),
         episode(1, 1.0, calls=0, ok=0),
         episode(1, 0.0, calls=1, ok=1),
     ]
     result = bench.summarize_episodes(rows)
     assert result["accuracy"] == pytest.approx(0.5)
     assert result["failed_episodes"] == 1
+    assert result["failure_kinds"] == {"agent-loop worker failed": 1}
     assert result["tool_use"] == pytest.approx((1.0 + 0.5) / 2)
     # 2 failed of 4 calls.
     assert result["failed_call_rate"] == pytest.approx(0.5)
