@@ -120,3 +120,11 @@ def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_go
     assert written["min_greedy_change"] is None
     assert written["max_minutes"] == pytest.approx(35.0)
     assert written["goal_met"] is False  # greedy not measured: "no lower" unproven
+
+
+def test_an_evaluation_under_another_time_limit_is_kept_only_if_no_episode_failed(bench):
+    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0}
+    assert bench.same_time_limit(ran_under_old_limit)
+    assert not bench.same_time_limit(ran_under_old_limit | {"failed_episodes": 100})
+    assert not bench.same_time_limit({"failed_episodes": 3})  # recorded no limit
+    assert bench.same_time_limit({"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 3})
