@@ -57,6 +57,8 @@ MEASURED = [
     "server/launch.py",
     "server/routing.py",
     "server/vllm_engine.py",
+    "server/vllm_args.py",
+    "server/vllm_weights.py",
 ]
 ROUTERS = ("affinity", "default", "round_robin")
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()

@@ -55,6 +55,8 @@ MEASURED = [
     "server/launch.py",
     "server/routing.py",
     "server/vllm_engine.py",
+    "server/vllm_args.py",
+    "server/vllm_weights.py",
 ]
 use_local_defaults(ROOT / ".cache")
 
@@ -97,7 +99,7 @@ class BareEngines:
     def __init__(self, cfg: AgentRLConfig, count: int) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from agentrl.server.vllm_engine import engine_args
+        from agentrl.server.vllm_args import engine_args
 
         args = engine_args(cfg.model, cfg.server.engine)
         self.engines = [AsyncLLM.from_engine_args(args) for _ in range(count)]
