@@ -88,7 +88,7 @@ MEASURED = [
     "agentrl/testing/faults.py",
     "agentrl/testing/loops.py",
     "agentrl/trainer",
-    "agentrl/weight_sync.py",
+    "server/weight_transport",
     "server",
     "tests/integration/fault_ledger.py",
     "tests/integration/test_async_faults.py",

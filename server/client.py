@@ -370,7 +370,7 @@ class ServerClient:
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache", skip_dead=True)
 
-    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
+    # -- weight transports (their senders: agentrl.server.weight_transport) -------------
 
     async def prepare_weights(self, kind: str, step: str, *args: Any) -> list[Any]:
         """Every replica runs setup ``step`` of weight receiver ``kind`` (e.g. joining a

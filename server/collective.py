@@ -1,8 +1,9 @@
 """A weight-broadcast process group between a trainer and the rollout engines' workers.
 
-Used by ``agentrl.weight_sync.CollectiveBroadcastSync``: rank 0 is the trainer process that
-holds the full weights, ranks ``1..`` are the vLLM workers of every rollout replica (a
-replica with tensor/pipeline parallelism contributes one rank per worker). The group is
+Used by the broadcast weight transport (``agentrl.server.weight_transport.broadcast``):
+rank 0 is the trainer process that holds the full weights, ranks ``1..`` are the vLLM
+workers of every rollout replica (a replica with tensor/pipeline parallelism contributes
+one rank per worker). The group is
 independent of any default ``torch.distributed`` group the processes already have (FSDP on
 the trainer, tensor parallelism inside vLLM): it is built from its own ``TCPStore`` (hosted
 by rank 0) and a directly constructed ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL``

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from agentrl.core.types import SamplingParams
 from agentrl.server.client import ServerClient
-from agentrl.weight_sync import ObjectStoreSync
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 
 logger = logging.getLogger(__name__)
 

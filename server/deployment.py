@@ -19,7 +19,8 @@ from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
-from agentrl.server.weight_receivers import WeightReceiver, receiver_class
+from agentrl.server.weight_transport import receiver_class
+from agentrl.server.weight_transport.base import WeightReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class RolloutServer:
         await self._engine.reset_prefix_cache()
         return self._replica_id
 
-    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
+    # -- weight transports (their receivers: agentrl.server.weight_transport) -----------
 
     async def prepare_weights(self, kind: str, step: str, *args: Any) -> Any:
         """Setup ``step`` of weight receiver ``kind`` (e.g. joining a broadcast group)."""

@@ -44,14 +44,25 @@ class RayConfig(Section):
     namespace: str = Field("agentrl", description="Ray namespace.")
 
 
-class WeightSyncConfig(Section):
-    """How the trainer's new weights reach the rollout replicas (``agentrl.weight_sync``).
+WEIGHT_TRANSPORTS: dict[str, str] = {
+    "object_store": "object_store",
+    "nccl": "broadcast",
+    "gloo": "broadcast",
+}
+"""The weight transports by ``weight_sync.kind``: the module of
+``agentrl.server.weight_transport`` holding each one's sender, receiver and vLLM-worker
+half. A new transport is its module there and one line here."""
 
-    ``kind`` picks the sender strategy in the trainer and the receiver of the same
-    transport in every replica (``server/weight_receivers.py``).
+
+class WeightSyncConfig(Section):
+    """How the trainer's new weights reach the rollout replicas (``weight_sync.kind``
+    names a transport of ``agentrl.server.weight_transport``).
+
+    ``kind`` picks the sender in the trainer and the receiver of the same transport in
+    every replica (``WEIGHT_TRANSPORTS``).
     """
 
-    kind: Literal["object_store", "nccl", "gloo"] = Field(
+    kind: Literal[*WEIGHT_TRANSPORTS] = Field(  # type: ignore[valid-type]
         "object_store",
         description="How new weights reach the rollout replicas. object_store: through the "
         "Ray object store (CPU or GPU). nccl: broadcast from the actor's rank 0 to every vLLM "

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer
 
 from agentrl.algos.kl import entropy_from_logits
+from agentrl.server.weight_transport.base import bucketize
+from agentrl.server.weight_transport.broadcast import BroadcastRoot
 from agentrl.trainer.base_worker import FSDPWorkerBase
 from agentrl.trainer.checkpoint import full_state_dict
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
@@ -30,7 +32,6 @@ from agentrl.trainer.model import (
     load_value_model,
     to_hf_state_dict,
 )
-from agentrl.weight_sync import BroadcastRoot, bucketize
 
 logger = logging.getLogger(__name__)
 

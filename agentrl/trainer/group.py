@@ -23,6 +23,8 @@ import ray
 from torch import Tensor
 
 from agentrl.placement import TrainerPlacementConfig, place_ranks
+from agentrl.server.weight_transport.base import DEFAULT_BUCKET_BYTES
+from agentrl.server.weight_transport.broadcast import BroadcastSender, RankZeroSender
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import (
     Batch,
@@ -34,7 +36,6 @@ from agentrl.trainer.dispatch import (
 )
 from agentrl.trainer.fsdp_worker import ActorWorker, CriticWorker, ReferenceWorker
 from agentrl.trainer.micro_batch import PolicyLossFn, ValueLossFn
-from agentrl.weight_sync import DEFAULT_BUCKET_BYTES, BroadcastSender
 
 logger = logging.getLogger(__name__)
 
@@ -247,36 +248,11 @@ class ActorGroup(ReferenceGroup):
 
     def weight_sender(self) -> BroadcastSender:
         """Rank 0 as the root of a weight-broadcast group (``CollectiveBroadcastSync``)."""
-        return _RankZeroSender(self.actors[0])
+        return RankZeroSender(self.actors[0])
 
     async def stage_weight_broadcast(self, dtype: str | None, bucket_bytes: int) -> list[Any]:
         """Gather the weights on rank 0 for ``weight_sender().send()``; the bucket plans."""
         return (await asyncio.to_thread(self.call, "broadcast_stage", dtype, bucket_bytes))[0]
-
-
-class _RankZeroSender(BroadcastSender):
-    """``BroadcastSender`` calling the ``BroadcastRoot`` inside the actor's rank 0."""
-
-    def __init__(self, actor: ray.actor.ActorHandle) -> None:
-        self._actor = actor
-        self.key = f"actor-rank0:{actor._actor_id.hex()}"
-
-    async def host(
-        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
-    ) -> dict[str, Any]:
-        return await self._actor.broadcast_host.remote(
-            backend, world_size, group_id, join_timeout_s, timeout_s
-        )
-
-    async def connect(self) -> None:
-        await self._actor.broadcast_connect.remote()
-
-    async def send(self) -> None:
-        await self._actor.broadcast_send.remote()
-
-    async def close(self) -> None:
-        with contextlib.suppress(ray.exceptions.RayActorError):  # gone, and its group with it
-            await self._actor.broadcast_close.remote()
 
 
 class CriticGroup(WorkerGroup):

@@ -30,6 +30,7 @@ from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+from agentrl.server.weight_transport import make_weight_sync
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.dispatch import Batch
@@ -49,7 +50,6 @@ from agentrl.trainer.steps import (
     score_episodes,
     staleness_metrics,
 )
-from agentrl.weight_sync import make_weight_sync
 
 logger = logging.getLogger(__name__)
 

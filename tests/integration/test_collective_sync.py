@@ -19,10 +19,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.core.config import WeightSyncConfig
 from agentrl.core.types import SamplingParams
 from agentrl.server.collective import CollectiveSyncError
+from agentrl.server.weight_transport import make_weight_sync
+from agentrl.server.weight_transport.broadcast import CollectiveBroadcastSync
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.trainer.config import ActorConfig
 from agentrl.trainer.group import ActorGroup
-from agentrl.weight_sync import CollectiveBroadcastSync, ObjectStoreSync, make_weight_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

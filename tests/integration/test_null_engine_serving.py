@@ -23,8 +23,8 @@ from agentrl.core.types import RolloutError, SamplingParams
 from agentrl.server.client import ServerClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.null_engine import NULL_LOGPROB
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
-from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

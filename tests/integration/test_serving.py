@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
-from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -1,214 +1,67 @@
-"""Weight sync strategies: push a trainer's new weights to every rollout replica.
+"""The ``broadcast`` weight transport (``weight_sync.kind`` ``gloo`` or ``nccl``).
 
-This is the sender side of each weight transport; the replica side is the receiver of the
-same transport (``receiver`` names it) in ``server/weight_receivers.py``, and the
-``weight_sync`` config section (``WeightSyncConfig``) picks both (``make_weight_sync``).
+The process holding the full weights (rank 0: the actor's FSDP rank 0, or the trainer's
+process) broadcasts each bucket to every vLLM worker of every replica through a process
+group of its own (``agentrl.server.collective``): NCCL on GPU clusters, gloo on CPU.
+Weights never pass through the object store. Its three halves:
 
-A push is ``pause → load the new weights as version v → reset prefix cache → resume`` on
-every replica, done by one call per replica after the weights are already fetched, so a
-replica stops producing tokens only for its own load. A vLLM replica with
-``engine.weight_swap=staged`` (the default) loads them into a shadow copy of the model
-while still generating and pauses only to swap the copies (milliseconds).
-With ``pause_mode="keep"`` in-flight requests are held, not lost, and continue under the
-new weights (their tokens carry the new version); with ``"abort"`` they end early with
-their partial tokens and the agent loops resubmit them (partial rollout).
+- sender (trainer): ``CollectiveBroadcastSync`` forms the group and drives the push;
+  ``BroadcastRoot`` is rank 0 itself, in the trainer's process (``LocalSender``) or in the
+  actor's rank 0 (``RankZeroSender`` calls ``ActorWorker.broadcast_*`` there);
+- receiver (replica): ``BroadcastReceiver`` has the engine's workers join the group and
+  receive each push (``RolloutEngine.weight_workers``);
+- worker half (inside each vLLM worker): ``BroadcastReceiver.on_worker`` joins and leaves
+  the group, ``BroadcastReceiver.worker_tensors`` receives the buckets, which the worker
+  loads with vLLM's layerwise reload (tensor-parallel workers shard the full tensors).
 
-- ``ObjectStoreSync`` puts each size-bounded bucket into the Ray object store once, before
-  pausing, so the pause window only covers the replicas' loads. Works on CPU and GPU.
-- ``CollectiveBroadcastSync`` broadcasts each bucket from the process holding the full
-  weights (rank 0) to every vLLM worker of every replica through a process group of its
-  own (``agentrl.server.collective``): ``backend="nccl"`` on GPU clusters
-  (``NCCLBroadcastSync``), ``"gloo"`` on CPU. Weights never pass through the object store.
-
-A new transport is a ``WeightSync`` subclass here whose ``receiver`` names a
-``WeightReceiver`` registered there, and a ``kind`` for it in ``WeightSyncConfig`` and
-``make_weight_sync``.
+Nothing here loads Ray or Ray Serve at import: the FSDP ranks import ``BroadcastRoot``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import logging
-import re
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import ray
 import torch
 
 from agentrl.core.config import WeightSyncConfig
-from agentrl.core.types import PauseMode
-from agentrl.core.weights import BucketPlan, plan_wire
-from agentrl.server.client import ServerClient
+from agentrl.core.types import PauseMode, RolloutError
+from agentrl.core.weights import BucketPlan, plan_wire, plans_from_wire
 from agentrl.server.collective import (
     BACKENDS,
     BroadcastGroup,
     CollectiveSyncError,
+    GroupSpec,
     RankLayout,
     bucket_plans,
+    node_ip,
 )
+from agentrl.server.engine import RolloutEngine, WeightWorkers, WorkerWeights
+from agentrl.server.weight_transport.base import (
+    DEFAULT_BUCKET_BYTES,
+    NamedTensor,
+    ReplicaControl,
+    SyncTimings,
+    WeightReceiver,
+    WeightSource,
+    WeightSync,
+    bucketize,
+    register_receiver,
+)
+
+if TYPE_CHECKING:
+    import ray.actor
 
 logger = logging.getLogger(__name__)
 
-NamedTensor = tuple[str, torch.Tensor]
-
-
-@dataclass
-class SyncTimings:
-    """Where a push spent its time (seconds) and what it moved.
-
-    ``pause_s`` is the longest time any replica produced no token.
-    """
-
-    prepare_s: float
-    pause_s: float
-    total_s: float
-    num_tensors: int
-    num_bytes: int
-    num_buckets: int
-
-    @classmethod
-    def from_clock(
-        cls,
-        start: float,
-        prepared: float,
-        pauses: list[float],
-        num_tensors: int,
-        num_bytes: int,
-        num_buckets: int,
-    ) -> SyncTimings:
-        """Timings of a push that started at ``start`` and had its buckets ready at
-        ``prepared`` (``time.perf_counter`` values), ending now; ``pauses`` per replica."""
-        return cls(
-            prepare_s=prepared - start,
-            pause_s=max(pauses, default=0.0),
-            total_s=time.perf_counter() - start,
-            num_tensors=num_tensors,
-            num_bytes=num_bytes,
-            num_buckets=num_buckets,
-        )
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "timing/weight_sync": self.total_s,
-            "timing/pause": self.pause_s,
-            "weight_sync/bytes": float(self.num_bytes),
-            "weight_sync/buckets": float(self.num_buckets),
-        }
-
-
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
-
-
-def module_group(name: str) -> str:
-    """The unit a bucket never splits: a whole decoder layer, else the parent module.
-
-    Engines fuse tensors (q/k/v, gate/up) and reload a fused module from one message.
-    """
-    match = _LAYER.match(name)
-    return match.group(1) if match else name.rsplit(".", 1)[0]
-
-
-def bucketize(
-    named_tensors: Iterable[NamedTensor], bucket_bytes: int
-) -> Iterator[list[NamedTensor]]:
-    """Lists of whole module groups, each at most ``bucket_bytes`` unless one group is larger.
-
-    Tensors of one group must arrive next to each other (state-dict order does this).
-    """
-    bucket: list[NamedTensor] = []
-    size = 0
-    for _, members in itertools.groupby(named_tensors, key=lambda item: module_group(item[0])):
-        tensors = [(name, tensor.detach().cpu()) for name, tensor in members]
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.extend(tensors)
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-DEFAULT_BUCKET_BYTES = 512 * 1024**2
-"""Bucket size of a weight push, and of the chunks in which a ``WeightSource`` hands its
-gathered weights over, where the caller gives none (``weight_sync.bucket_mb`` does)."""
-
-
-class WeightSource(Protocol):
-    """Where a trainer's full weights come from (``ActorGroup``)."""
-
-    def named_weights(self, bucket_bytes: int) -> Iterator[NamedTensor]:
-        """The full weights, gathered in buckets of about ``bucket_bytes``."""
-        ...
-
-
-class WeightSync(ABC):
-    """Pushes weights to the rollout servers; one instance per trainer."""
-
-    receiver: ClassVar[str]
-    """The kind of ``WeightReceiver`` (``server/weight_receivers.py``) the replicas take
-    this strategy's pushes with."""
-
-    _bucket_bytes: int
-    """Size bound of a bucket (``weight_sync.bucket_mb``), set by each strategy."""
-
-    @abstractmethod
-    async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
-        """Make every replica serve ``named_tensors`` as policy ``version``."""
-
-    async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
-        """Push ``source``'s weights (a trainer's actor) as ``version``: gather them into
-        this process in buckets of ``bucket_bytes`` (``weight_sync.bucket_mb``), then
-        ``push`` them."""
-        bucket_bytes = self._bucket_bytes
-        named_tensors = await asyncio.to_thread(lambda: list(source.named_weights(bucket_bytes)))
-        return await self.push(named_tensors, version)
-
-    async def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing
-        """Release what the strategy holds (process groups); pushing again reopens them."""
-
-
-class ObjectStoreSync(WeightSync):
-    """Buckets through the Ray object store, fetched by each replica."""
-
-    receiver = "object_store"
-
-    def __init__(
-        self,
-        client: ServerClient,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        pause_mode: PauseMode | str = PauseMode.KEEP,
-    ) -> None:
-        self._client = client
-        self._bucket_bytes = bucket_bytes
-        self._pause_mode = PauseMode(pause_mode)
-
-    async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
-        start = time.perf_counter()
-        refs, num_tensors, num_bytes = [], 0, 0
-        for bucket in bucketize(named_tensors, self._bucket_bytes):
-            refs.append(ray.put(bucket))
-            num_tensors += len(bucket)
-            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        prepared = time.perf_counter()
-        pauses = await self._client.swap_weights(self.receiver, refs, version, self._pause_mode)
-        timings = SyncTimings.from_clock(start, prepared, pauses, num_tensors, num_bytes, len(refs))
-        logger.info(
-            "pushed %d tensors (%.1f MB, %d buckets) as version %d: pause %.0f ms, total %.0f ms",
-            num_tensors,
-            num_bytes / 1e6,
-            len(refs),
-            version,
-            timings.pause_s * 1e3,
-            timings.total_s * 1e3,
-        )
-        return timings
+# -- sender --------------------------------------------------------------------------------
 
 
 def cast_floats(named_tensors: Iterable[NamedTensor], dtype: str | None) -> Iterator[NamedTensor]:
@@ -327,6 +180,34 @@ class LocalSender(BroadcastSender):
         self.root.close()
 
 
+class RankZeroSender(BroadcastSender):
+    """``BroadcastSender`` calling the ``BroadcastRoot`` inside an actor's rank 0
+    (``ActorWorker.broadcast_*``)."""
+
+    def __init__(self, actor: ray.actor.ActorHandle) -> None:
+        self._actor = actor
+        self.key = f"actor-rank0:{actor._actor_id.hex()}"
+
+    async def host(
+        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        return await self._actor.broadcast_host.remote(
+            backend, world_size, group_id, join_timeout_s, timeout_s
+        )
+
+    async def connect(self) -> None:
+        await self._actor.broadcast_connect.remote()
+
+    async def send(self) -> None:
+        await self._actor.broadcast_send.remote()
+
+    async def close(self) -> None:
+        from ray.exceptions import RayActorError
+
+        with contextlib.suppress(RayActorError):  # gone, and its group with it
+            await self._actor.broadcast_close.remote()
+
+
 class BroadcastSource(WeightSource, Protocol):
     """A weight source that can be rank 0 itself (``ActorGroup``: its FSDP rank 0)."""
 
@@ -353,7 +234,7 @@ class CollectiveBroadcastSync(WeightSync):
     or was added); forming it fails with ``CollectiveSyncError`` after
     ``join_timeout_s`` if a replica cannot join. A push:
 
-    1. asks every replica who it is (``ServerClient.prepare_weights``), forming the
+    1. asks every replica who it is (``ReplicaControl.prepare_weights``), forming the
        group if needed, and lays the weights out in buckets (a decoder layer is never
        split); the first push also has every replica check the names and shapes;
     2. every replica's workers receive the buckets while rank 0 broadcasts them
@@ -373,7 +254,7 @@ class CollectiveBroadcastSync(WeightSync):
 
     def __init__(
         self,
-        client: ServerClient,
+        control: ReplicaControl,
         backend: str = "gloo",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         pause_mode: PauseMode | str = PauseMode.KEEP,
@@ -382,7 +263,7 @@ class CollectiveBroadcastSync(WeightSync):
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown collective backend {backend!r}; use one of {BACKENDS}")
-        self._client = client
+        self._control = control
         self.backend = backend
         self._bucket_bytes = bucket_bytes
         self._pause_mode = PauseMode(pause_mode)
@@ -427,7 +308,7 @@ class CollectiveBroadcastSync(WeightSync):
             await self._prepare("check", plans)
             self._checked_plans = plans
         prepared = time.perf_counter()
-        swap = self._client.swap_weights(
+        swap = self._control.swap_weights(
             self.receiver,
             {"group_id": group.group_id, "plans": plans},
             version,
@@ -505,7 +386,7 @@ class CollectiveBroadcastSync(WeightSync):
 
     async def _prepare(self, step: str, *args: Any) -> list[Any]:
         """Setup ``step`` of the broadcast receiver on every replica."""
-        return await self._client.prepare_weights(self.receiver, step, *args)
+        return await self._control.prepare_weights(self.receiver, step, *args)
 
     async def _all_or_drop_group(self, awaitables: list, failure: str) -> list:
         """Await all of ``awaitables``; if any failed, drop the group and raise
@@ -529,24 +410,145 @@ class CollectiveBroadcastSync(WeightSync):
 class NCCLBroadcastSync(CollectiveBroadcastSync):
     """``CollectiveBroadcastSync`` over NCCL (GPU clusters)."""
 
-    def __init__(self, client: ServerClient, **kwargs: Any) -> None:
-        super().__init__(client, backend="nccl", **kwargs)
+    def __init__(self, control: ReplicaControl, **kwargs: Any) -> None:
+        super().__init__(control, backend="nccl", **kwargs)
 
 
-def make_weight_sync(config: WeightSyncConfig, client: ServerClient) -> WeightSync:
-    """The strategy ``weight_sync.kind`` names: ``object_store``, ``nccl`` or ``gloo``."""
-    bucket_bytes = int(config.bucket_mb * 1024**2)
-    if config.kind == "object_store":
-        return ObjectStoreSync(client, bucket_bytes=bucket_bytes, pause_mode=config.pause_mode)
-    if config.kind in BACKENDS:
-        return CollectiveBroadcastSync(
-            client,
-            backend=config.kind,
-            bucket_bytes=bucket_bytes,
-            pause_mode=config.pause_mode,
-            join_timeout_s=config.join_timeout_s,
-            timeout_s=config.timeout_s,
-        )
-    raise ValueError(
-        f"unknown weight sync {config.kind!r}; use object_store, {', '.join(BACKENDS)}"
+def make_sender(config: WeightSyncConfig, control: ReplicaControl) -> CollectiveBroadcastSync:
+    """The sender of ``weight_sync.kind=gloo`` or ``nccl`` (the group's backend)."""
+    return CollectiveBroadcastSync(
+        control,
+        backend=config.kind,
+        bucket_bytes=int(config.bucket_mb * 1024**2),
+        pause_mode=config.pause_mode,
+        join_timeout_s=config.join_timeout_s,
+        timeout_s=config.timeout_s,
     )
+
+
+# -- receiver and worker half --------------------------------------------------------------
+
+
+@register_receiver
+class BroadcastReceiver(WeightReceiver):
+    """Buckets that ``CollectiveBroadcastSync`` broadcasts from the trainer's rank 0 over
+    a process group of its own (``agentrl.server.collective``), gloo or NCCL.
+
+    Every worker of the engine is a rank of the group and receives the full tensors
+    itself, so the engine must have worker processes (``RolloutEngine.weight_workers``).
+    Setup steps: ``info`` (this replica's id, node, ranks, dtype and current group),
+    ``join`` (the group a push formed), ``check`` (the push's bucket plans fit the model;
+    nothing is loaded) and ``leave``. ``swap`` takes ``{"group_id", "plans"}``.
+    """
+
+    kind = "broadcast"
+
+    def __init__(self, engine: RolloutEngine, replica_id: str) -> None:
+        super().__init__(engine, replica_id)
+        self.group_id: str | None = None  # the group this replica's workers are in
+
+    async def prepare(self, step: str, *args: Any) -> Any:
+        steps = {"info": self._info, "join": self._join, "check": self._check, "leave": self._leave}
+        if step not in steps:
+            return await super().prepare(step, *args)
+        return await steps[step](*args)
+
+    async def swap(self, payload: dict[str, Any], version: int, mode: PauseMode) -> float:
+        """A staged engine receives and loads the broadcast while generating and pauses
+        only for the swap; otherwise the pause covers the broadcast, which starts once
+        every replica paused."""
+        if payload["group_id"] != self.group_id:
+            raise RuntimeError(
+                f"rollout replica {self.replica_id} is in weight-broadcast group "
+                f"{self.group_id}, not {payload['group_id']}"
+            )
+        weights = WorkerWeights({"kind": self.kind, "plans": payload["plans"]})
+        return await self.engine.swap_weights(weights, version, mode)
+
+    def _workers(self) -> WeightWorkers:
+        workers = self.engine.weight_workers()
+        if workers is None:
+            raise RolloutError(
+                f"{type(self.engine).__name__} does not support broadcast weight sync; use "
+                "server.engine.backend=vllm or weight_sync.kind=object_store"
+            )
+        return workers
+
+    async def _info(self) -> dict[str, Any]:
+        workers = self._workers()
+        return {
+            "replica_id": self.replica_id,
+            "node_ip": node_ip(),
+            "group_id": self.group_id,
+            "num_workers": workers.num_workers,
+            "dtype": workers.dtype,
+        }
+
+    async def _join(self, spec: dict[str, Any], first_ranks: dict[str, int]) -> str:
+        """Every worker joins the group ``spec`` from the rank ``first_ranks`` gives this
+        replica; blocks until all ranks arrived (``spec["join_timeout_s"]``)."""
+        first_rank = first_ranks.get(self.replica_id)
+        if first_rank is None:
+            raise RuntimeError(
+                f"rollout replica {self.replica_id} has no rank in weight-broadcast group "
+                f"{spec['group_id']} (it started after the group was planned); retry the push"
+            )
+        self.group_id = None
+        await self._workers().call(
+            self.kind, "join", spec, first_rank, node_ip(), timeout=spec["join_timeout_s"] + 30
+        )
+        self.group_id = spec["group_id"]
+        return self.replica_id
+
+    async def _check(self, plans: list[Any]) -> str:
+        buckets = [[(s.name, s.shape) for s in plan.slots] for plan in plans_from_wire(plans)]
+        await self._workers().check(buckets)
+        return self.replica_id
+
+    async def _leave(self) -> str:
+        self.group_id = None
+        await self._workers().call(self.kind, "leave")
+        return self.replica_id
+
+    @classmethod
+    def on_worker(cls, worker: Any, step: str, *args: Any) -> Any:
+        if step == "join":
+            return _join_on_worker(worker, *args)
+        if step == "leave":
+            return _leave_on_worker(worker)
+        return super().on_worker(worker, step, *args)
+
+    @classmethod
+    def worker_tensors(cls, worker: Any, source: dict[str, Any]) -> Iterator[NamedTensor]:
+        group: BroadcastGroup | None = getattr(worker, "_agentrl_group", None)
+        if group is None:
+            raise RuntimeError("this worker is not in a weight-broadcast group")
+        for plan in plans_from_wire(source["plans"]):
+            yield from group.receive_bucket(plan)
+
+
+def _join_on_worker(
+    worker: Any, spec: dict[str, Any], first_rank: int, local_addr: str | None = None
+) -> int:
+    """Join the group as rank ``first_rank`` + the worker's index; returns the rank."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    _leave_on_worker(worker)
+    tp, pp = get_tp_group(), get_pp_group()
+    rank = first_rank + pp.rank_in_group * tp.world_size + tp.rank_in_group
+    group_spec = GroupSpec.from_wire(spec)
+    device = worker.device if group_spec.backend == "nccl" else torch.device("cpu")
+    group = BroadcastGroup(group_spec, rank, device)
+    group.connect(local_addr=local_addr)
+    worker._agentrl_group = group
+    return rank
+
+
+def _leave_on_worker(worker: Any) -> bool:
+    """Drop the worker's weight-broadcast group; False when it had none."""
+    group: BroadcastGroup | None = getattr(worker, "_agentrl_group", None)
+    worker._agentrl_group = None
+    if group is None:
+        return False
+    group.close()
+    return True
