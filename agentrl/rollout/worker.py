@@ -55,6 +55,17 @@ class AgentLoopWorkerConfig(Section):
             return cls.model_validate({k: config[k] for k in cls.model_fields if k in config})
         return cls.model_validate({k: getattr(config, k) for k in cls.model_fields})
 
+    def resolved(self) -> AgentLoopWorkerConfig:
+        """A copy ready to run in any process: ``builtin:`` model names resolved to
+        checkpoint directories, and the plugins imported (file paths made absolute), as
+        ``agentrl.config.resolve_user_config`` does for the full config."""
+        return self.model_copy(
+            update={
+                "model": resolve_model_config(self.model),
+                "plugins": import_plugins(self.plugins),
+            }
+        )
+
 
 class AgentLoopWorker(EpisodeStreamer):
     """Holds the tokenizer, tools and server client shared by its episodes; runs one
