@@ -42,8 +42,8 @@ _ENGINE_ENV_VARS = (
 class RolloutServer:
     """Serves token-in/token-out generation and the control calls of one engine.
 
-    Requests arrive through ``ServerClient`` (data path, routed per session) and
-    ``handle.broadcast`` (control path: pause, resume, weight pushes, stats).
+    Requests arrive through ``DataClient`` (data path, routed per session) and
+    ``ControlClient`` (``handle.broadcast``: pause, resume, weight pushes, stats).
     """
 
     def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
@@ -77,7 +77,7 @@ class RolloutServer:
         session_ids: tuple[str, ...] = (),
         avoid_actor_ids: frozenset[str] = frozenset(),
     ) -> list[TokenOutput | Exception]:
-        """Generate for several requests at once (``ServerClient`` coalesces them), all
+        """Generate for several requests at once (``DataClient`` coalesces them), all
         running concurrently on the engine; each gets its output or its own error.
 
         ``requests`` hold ``generate``'s arguments. The router reads ``session_id`` (the

@@ -114,9 +114,9 @@ class AgentLoopWorker(EpisodeStreamer):
         self._deadlines = EpisodeDeadlines(rollout.loop_timeout_s)
 
     def _connect(self) -> GenerateClient:
-        from agentrl.server.client import ServerClient
+        from agentrl.server.client import DataClient
 
-        return ServerClient.from_config(self.config.server)
+        return DataClient.from_config(self.config.server)
 
     def _load_tools(self) -> dict[str, BaseTool]:
         path = self.config.rollout.tool_config_path

@@ -57,7 +57,8 @@ class AsyncTrainer(Trainer):
 
     _feed: RowFeed | None = None
 
-    async def fit(self) -> list[dict[str, float]]:
+    async def train_steps(self) -> list[dict[str, float]]:
+        """The asynchronous fit loop: train on batches from the queue the producer fills."""
         cfg = self.cfg
         if not cfg.trainer.agent_loop_episodes and queue_actor_name(cfg.gateway.sink) is None:
             raise ValueError(
@@ -96,8 +97,6 @@ class AsyncTrainer(Trainer):
                 await asyncio.gather(producer, return_exceptions=True)
             if queue_actor_name(cfg.gateway.sink) is not None:
                 ray.kill(queue)  # free the name for the next run in this Ray session
-            await self.client.close()  # the mismatch probe's routing on this loop
-        self.save_checkpoint()
         return history
 
     def _make_queue(self) -> ray.actor.ActorHandle:

@@ -1,7 +1,7 @@
 """The per-step building blocks the trainers compose: reward, log-probs, advantages.
 
-Each function takes and returns plain tensors or batches so that ``Trainer.fit`` and
-``AsyncTrainer.fit`` read as the algorithm: generate → reward → old log-probs →
+Each function takes and returns plain tensors or batches so that ``Trainer.train_steps`` and
+``AsyncTrainer.train_steps`` read as the algorithm: generate → reward → old log-probs →
 reference → advantages → update → sync.
 """
 

@@ -132,7 +132,7 @@ class Trainer:
         self.rewards = RewardManager.from_config(cfg.reward)
         self.loss_fn = make_actor_loss(cfg.algorithm)
         self.critic_loss_fn = make_critic_loss(cfg.algorithm)
-        self.sync = make_weight_sync(cfg.weight_sync, self.client)
+        self.sync = make_weight_sync(cfg.weight_sync, self.client.control)
         self.tracker = MetricsLogger.from_config(
             self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
         )
@@ -169,28 +169,33 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------
 
     async def fit(self) -> list[dict[str, float]]:
-        """Train ``trainer.total_steps`` steps; returns each step's logged metrics."""
+        """Train ``trainer.total_steps`` steps and save a checkpoint; returns each step's
+        logged metrics. The rollout client's data path (the mismatch probe's generate
+        calls) routes on this event loop until the steps end."""
+        async with self.client:
+            history = await self.train_steps()
+        self.save_checkpoint()
+        return history
+
+    async def train_steps(self) -> list[dict[str, float]]:
+        """The synchronous fit loop: generate a batch, train on it, push the weights."""
         if self.loader is None:
             raise ValueError(
                 "trainer.agent_loop_episodes=false (gateway sessions only) needs the async "
                 "trainer (`agentrl train` without --sync)"
             )
         history = []
-        try:
-            await self.serve_restored_weights()
-            await self._maybe_validate(force=True)
-            while self.step < self.cfg.trainer.total_steps:
-                metrics: dict[str, float] = {}
-                with timer(metrics, "step"):
-                    await self.keep_replicas_current()
-                    rows = self.loader.next_batch()
-                    with timer(metrics, "gen"):
-                        episodes, row_of = await self.generate(rows)
-                    metrics |= await self.train_on(episodes, row_of, metrics)
-                history.append(await self._finish_step(metrics))
-        finally:
-            await self.client.close()  # the mismatch probe's routing on this loop
-        self.save_checkpoint()
+        await self.serve_restored_weights()
+        await self._maybe_validate(force=True)
+        while self.step < self.cfg.trainer.total_steps:
+            metrics: dict[str, float] = {}
+            with timer(metrics, "step"):
+                await self.keep_replicas_current()
+                rows = self.loader.next_batch()
+                with timer(metrics, "gen"):
+                    episodes, row_of = await self.generate(rows)
+                metrics |= await self.train_on(episodes, row_of, metrics)
+            history.append(await self._finish_step(metrics))
         return history
 
     async def generate(
@@ -305,7 +310,7 @@ class Trainer:
         if self.version == INITIAL_WEIGHT_VERSION:
             return
         try:
-            stats = await asyncio.wait_for(self.client.stats(), _REPLICA_STATS_TIMEOUT_S)
+            stats = await asyncio.wait_for(self.client.control.stats(), _REPLICA_STATS_TIMEOUT_S)
         except Exception as error:  # no answer in time (e.g. Serve is redeploying): next time
             logger.info("could not read the replicas' weight versions: %s", error)
             return
@@ -367,7 +372,7 @@ class Trainer:
         prompts = probe_prompts(samples, rows)
         sampling = self.manager.default_sampling()
         answers = await asyncio.gather(
-            *(self.client.generate(None, prompt, sampling) for prompt in prompts),
+            *(self.client.data.generate(None, prompt, sampling) for prompt in prompts),
             return_exceptions=True,
         )
         answered = [

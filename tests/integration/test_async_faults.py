@@ -76,10 +76,10 @@ async def _replica_versions_once_all_are_back(trainer: AsyncTrainer, count: int)
     """The replicas' weight versions, once ``count`` run again and the trainer's check has
     run (what it does between steps and while it waits for a batch)."""
     async with asyncio.timeout(180):
-        while len(await trainer.client.stats()) < count:
+        while len(await trainer.client.control.stats()) < count:
             await asyncio.sleep(1)
     await trainer.keep_replicas_current()
-    return [s["weight_version"] for s in await trainer.client.stats()]
+    return [s["weight_version"] for s in await trainer.client.control.stats()]
 
 
 def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) -> None:
@@ -276,7 +276,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
     trainer = AsyncTrainer(cfg)
     trainer.setup()
-    swap_weights = trainer.client.swap_weights
+    swap_weights = trainer.client.control.swap_weights
     paused_dir = tmp / "paused"
     paused_dir.mkdir()
     killed: list[float] = []
@@ -294,7 +294,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         os.kill(int(paused[0].name), signal.SIGKILL)
         return await swap
 
-    trainer.client.swap_weights = swap_and_kill
+    trainer.client.control.swap_weights = swap_and_kill
     optimizer.attach(trainer)
     try:
         history = await asyncio.wait_for(trainer.fit(), 600)

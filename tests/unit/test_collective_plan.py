@@ -1,6 +1,6 @@
 """Weight-broadcast group: bucket layout, rank layout, and the protocol over real gloo.
 
-The replicas here are a fake ``ServerClient`` whose "workers" are threads holding real
+The replicas here are a fake ``ControlClient`` whose "workers" are threads holding real
 ``BroadcastGroup`` ranks, so the sync's rank layout (several workers per replica, as with
 tensor parallelism), group reuse and re-forming run without vLLM.
 """
@@ -125,7 +125,7 @@ def test_a_missing_rank_times_out_at_the_join_with_a_clear_error():
 
 
 class _FakeReplicas:
-    """``ServerClient``'s weight calls to broadcast receivers, answered by worker threads
+    """``ControlClient``'s weight calls to broadcast receivers, answered by worker threads
     of fake replicas."""
 
     def __init__(self, workers: dict[str, int]) -> None:

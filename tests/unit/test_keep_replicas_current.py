@@ -3,6 +3,7 @@ back with old weights gets the current ones; one that never takes them stops the
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,8 +35,8 @@ class _Sync:
 def _trainer(versions: list[int], version: int, lost: bool = False) -> Trainer:
     trainer = Trainer(load_config(None, []))
     trainer.version, trainer.actor = version, object()
-    trainer.client = _Client(versions)
-    trainer.sync = _Sync(trainer.client, lost)
+    trainer.client = SimpleNamespace(control=_Client(versions))
+    trainer.sync = _Sync(trainer.client.control, lost)
     return trainer
 
 
@@ -44,7 +45,7 @@ async def test_a_replica_with_old_weights_gets_the_current_version_once():
     await trainer.keep_replicas_current()
     await trainer.keep_replicas_current()
     assert trainer.sync.pushes == [3]
-    assert trainer.client.versions == [3, 3]
+    assert trainer.client.control.versions == [3, 3]
 
 
 async def test_current_replicas_and_the_initial_version_push_nothing():
