@@ -5,8 +5,8 @@
   event loop, so it has a lifetime: ``async with`` it, or ``await close()``, before that
   loop ends.
 - ``ControlClient``: calls every replica makes at once (pause, resume, reset, stats, abort)
-  and the weight transports' ``prepare_weights``/``swap_weights`` (the ``ReplicaControl``
-  a sender pushes through). Nothing to close.
+  and the weight transports' ``prepare_weights``/``swap_weights`` (what a sender pushes
+  through). Nothing to close.
 - ``ServerClient``: both of one rollout application (what ``start_rollout_servers``
   returns), closed as the data client is.
 """
@@ -401,8 +401,8 @@ class DataClient:
 class ControlClient:
     """The control path of the rollout deployment: calls every running replica makes at
     once (``handle.broadcast``): pause, resume, reset_prefix_cache, stats, abort, and the
-    weight transports' ``prepare_weights`` and ``swap_weights`` (the ``ReplicaControl`` a
-    sender pushes through, ``agentrl.server.weight_transport``). It uses Serve's default
+    weight transports' ``prepare_weights`` and ``swap_weights`` (what a sender of
+    ``agentrl.server.weight_transport`` pushes through). It uses Serve's default
     handle, which routes on a thread of its own: nothing to close.
     """
 

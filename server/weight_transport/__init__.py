@@ -20,7 +20,8 @@ from agentrl.core.config import WEIGHT_TRANSPORTS, WeightSyncConfig
 from agentrl.core.types import RolloutError
 
 if TYPE_CHECKING:
-    from agentrl.server.weight_transport.base import ReplicaControl, WeightReceiver, WeightSync
+    from agentrl.server.client import ControlClient
+    from agentrl.server.weight_transport.base import WeightReceiver, WeightSync
 
 
 def transport_module(name: str) -> ModuleType:
@@ -32,7 +33,7 @@ def transport_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def make_weight_sync(config: WeightSyncConfig, control: ReplicaControl) -> WeightSync:
+def make_weight_sync(config: WeightSyncConfig, control: ControlClient) -> WeightSync:
     """The sender of the transport ``weight_sync.kind`` names, pushing through ``control``
     (the replicas' control calls)."""
     name = WEIGHT_TRANSPORTS.get(config.kind)

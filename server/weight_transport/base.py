@@ -5,7 +5,8 @@ halves, each running in a different process:
 
 - its sender, a ``WeightSync`` in the trainer's process (and, for a broadcast, the root
   of the group in the actor's FSDP rank 0): pushes a trainer's new weights to every
-  replica through the control calls of ``ReplicaControl``;
+  replica through the weight calls of a ``ControlClient`` (``prepare_weights``,
+  ``swap_weights``);
 - its receiver, a ``WeightReceiver`` in every rollout replica (``RolloutServer``), bound to
   the replica's engine: ``prepare`` (the transport's setup steps) and ``swap`` (make the
   engine serve the pushed weights, through ``RolloutEngine.swap_weights``);
@@ -116,27 +117,6 @@ def bucketize(
         size += nbytes
     if bucket:
         yield bucket
-
-
-class ReplicaControl(Protocol):
-    """The control calls a sender makes to every rollout replica (``ControlClient``)."""
-
-    async def prepare_weights(self, kind: str, step: str, *args: Any) -> list[Any]:
-        """Every replica runs setup ``step`` of receiver ``kind``; one result per replica."""
-        ...
-
-    async def swap_weights(
-        self,
-        kind: str,
-        payload: Any,
-        version: int,
-        mode: PauseMode | str = PauseMode.KEEP,
-        *,
-        skip_dead: bool = True,
-    ) -> list[float]:
-        """Every replica swaps ``payload`` in as ``version`` through receiver ``kind``;
-        returns each replica's pause seconds."""
-        ...
 
 
 class WeightSource(Protocol):

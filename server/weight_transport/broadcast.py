@@ -47,7 +47,6 @@ from agentrl.server.engine import RolloutEngine, WeightWorkers, WorkerWeights
 from agentrl.server.weight_transport.base import (
     DEFAULT_BUCKET_BYTES,
     NamedTensor,
-    ReplicaControl,
     SyncTimings,
     WeightReceiver,
     WeightSource,
@@ -58,6 +57,8 @@ from agentrl.server.weight_transport.base import (
 
 if TYPE_CHECKING:
     import ray.actor
+
+    from agentrl.server.client import ControlClient
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class CollectiveBroadcastSync(WeightSync):
     or was added); forming it fails with ``CollectiveSyncError`` after
     ``join_timeout_s`` if a replica cannot join. A push:
 
-    1. asks every replica who it is (``ReplicaControl.prepare_weights``), forming the
+    1. asks every replica who it is (``ControlClient.prepare_weights``), forming the
        group if needed, and lays the weights out in buckets (a decoder layer is never
        split); the first push also has every replica check the names and shapes;
     2. every replica's workers receive the buckets while rank 0 broadcasts them
@@ -254,7 +255,7 @@ class CollectiveBroadcastSync(WeightSync):
 
     def __init__(
         self,
-        control: ReplicaControl,
+        control: ControlClient,
         backend: str = "gloo",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         pause_mode: PauseMode | str = PauseMode.KEEP,
@@ -410,11 +411,11 @@ class CollectiveBroadcastSync(WeightSync):
 class NCCLBroadcastSync(CollectiveBroadcastSync):
     """``CollectiveBroadcastSync`` over NCCL (GPU clusters)."""
 
-    def __init__(self, control: ReplicaControl, **kwargs: Any) -> None:
+    def __init__(self, control: ControlClient, **kwargs: Any) -> None:
         super().__init__(control, backend="nccl", **kwargs)
 
 
-def make_sender(config: WeightSyncConfig, control: ReplicaControl) -> CollectiveBroadcastSync:
+def make_sender(config: WeightSyncConfig, control: ControlClient) -> CollectiveBroadcastSync:
     """The sender of ``weight_sync.kind=gloo`` or ``nccl`` (the group's backend)."""
     return CollectiveBroadcastSync(
         control,

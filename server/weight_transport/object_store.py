@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -20,13 +21,15 @@ from agentrl.core.types import PauseMode
 from agentrl.server.weight_transport.base import (
     DEFAULT_BUCKET_BYTES,
     NamedTensor,
-    ReplicaControl,
     SyncTimings,
     WeightReceiver,
     WeightSync,
     bucketize,
     register_receiver,
 )
+
+if TYPE_CHECKING:
+    from agentrl.server.client import ControlClient
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ class ObjectStoreSync(WeightSync):
 
     def __init__(
         self,
-        control: ReplicaControl,
+        control: ControlClient,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         pause_mode: PauseMode | str = PauseMode.KEEP,
     ) -> None:
@@ -68,7 +71,7 @@ class ObjectStoreSync(WeightSync):
         return timings
 
 
-def make_sender(config: WeightSyncConfig, control: ReplicaControl) -> ObjectStoreSync:
+def make_sender(config: WeightSyncConfig, control: ControlClient) -> ObjectStoreSync:
     """The sender of ``weight_sync.kind=object_store``."""
     return ObjectStoreSync(
         control, bucket_bytes=int(config.bucket_mb * 1024**2), pause_mode=config.pause_mode
