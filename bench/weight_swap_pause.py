@@ -135,7 +135,7 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
         ),
     )
     try:
-        await engine.weights.use_staging()  # the shadow model is built at startup
+        await engine.weight_loader.use_staging()  # the shadow model is built at startup
         rows = []
         for i in range(swaps):
             # A fresh request per swap, so the recompute after the reset stays short.
@@ -154,7 +154,7 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
             stop.set()
             await engine._llm.abort(request_id)
             await asyncio.wait_for(stream, 30)
-            timings = engine.weights.last_swap_timings
+            timings = engine.weight_loader.last_swap_timings
             rows.append(
                 {
                     "pause_s": paused,

@@ -6,7 +6,7 @@ labels (``AsyncLLM.update_weight_version``); the engine core stamps every step's
 the label in force and ``CompletionOutput.weight_versions`` reports them as spans.
 Weights are only swapped while the scheduler is paused, so the labels are exact.
 
-Weight pushes, in place or staged (``engine.weight_swap``), are loaded by ``VLLMWeights``
+Weight pushes, in place or staged (``engine.weight_swap``), are loaded by ``VLLMWeightLoader``
 (``server/vllm_weights.py``); this module is about serving.
 """
 
@@ -36,7 +36,7 @@ from agentrl.server.checks import check_prompt
 from agentrl.server.config import EngineConfig
 from agentrl.server.engine import NamedTensors, RolloutEngine, Weights, WeightWorkers
 from agentrl.server.vllm_args import engine_args, request_seed, sampling_params
-from agentrl.server.vllm_weights import VLLMWeights, weight_swap_for
+from agentrl.server.vllm_weights import VLLMWeightLoader, weight_swap_for
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class VLLMEngine(RolloutEngine):
 
     Prefix caching is on (``engine.enable_prefix_caching``), the KV cache is sized by
     ``engine.kv_cache_memory_bytes`` (or ``gpu_memory_utilization`` when None on GPU), and
-    weight pushes are loaded by ``weights`` (a ``VLLMWeights``) into the workers, through
+    weight pushes are loaded by ``weight_loader`` (a ``VLLMWeightLoader``) into the workers, through
     ``collective_rpc`` to ``vllm_worker_ext.WeightSyncExtension``.
     """
 
@@ -76,7 +76,7 @@ class VLLMEngine(RolloutEngine):
         Raises ``UntestedVLLMError`` first on a vLLM release the weight swaps are not
         tested with (see ``vllm_weights.weight_swap_for``)."""
         staged = weight_swap_for(engine.weight_swap, vllm.__version__) == "staged"
-        self.weights = VLLMWeights(self, model, staged)
+        self.weight_loader = VLLMWeightLoader(self, model, staged)
         start = time.perf_counter()
         self.llm = AsyncLLM.from_engine_args(engine_args(model, engine))
         model_config = self.llm.model_config
@@ -86,7 +86,7 @@ class VLLMEngine(RolloutEngine):
         self._closed = False
         self.control = asyncio.Lock()
         """Serializes pause, resume and every weight load."""
-        self.weights.start()
+        self.weight_loader.start()
         self._inflight: dict[str, asyncio.Future[TokenOutput | None]] = {}
         self._counters = _Counters()
         logger.info(
@@ -102,7 +102,7 @@ class VLLMEngine(RolloutEngine):
     @property
     def weight_version(self) -> int:
         """The policy version of the weights currently loaded."""
-        return self.weights.version
+        return self.weight_loader.version
 
     @property
     def paused(self) -> bool:
@@ -183,21 +183,21 @@ class VLLMEngine(RolloutEngine):
         logger.info("resumed generation")
 
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """Load new weights (Hugging Face names) as ``version``; see ``VLLMWeights.update``."""
+        """Load new weights (Hugging Face names) as ``version``; see ``VLLMWeightLoader.update``."""
         self.check_open()
-        await self.weights.update(named_tensors, version)
+        await self.weight_loader.update(named_tensors, version)
 
     async def swap_weights(
         self, weights: Weights, version: int, mode: PauseMode | str = PauseMode.KEEP
     ) -> float:
         """Pause (``mode``) → swap in ``weights`` as ``version`` → reset cache → resume;
-        staged engines load them before pausing (see ``VLLMWeights.swap``)."""
+        staged engines load them before pausing (see ``VLLMWeightLoader.swap``)."""
         self.check_open()
-        return await self.weights.swap(weights, version, PauseMode(mode))
+        return await self.weight_loader.swap(weights, version, PauseMode(mode))
 
     def weight_workers(self) -> WeightWorkers:
         """One rank per vLLM worker, for transports that deliver into the workers."""
-        return self.weights.workers()
+        return self.weight_loader.workers()
 
     async def pause_scheduler(self, mode: PauseMode) -> None:
         """Pause vLLM's scheduler (the caller holds ``control``); ``pause`` also records it."""
@@ -224,7 +224,7 @@ class VLLMEngine(RolloutEngine):
         unfinished = 0 if self._closed else self.llm.get_num_unfinished_requests()
         return {
             "backend": "vllm",
-            "weight_version": self.weights.version,
+            "weight_version": self.weight_loader.version,
             "paused": self._paused,
             "closed": self._closed,
             "num_running": len(self._inflight),
@@ -237,7 +237,7 @@ class VLLMEngine(RolloutEngine):
             "prefix_cache_hit_rate": c.cached_prompt_tokens / c.prompt_tokens
             if c.prompt_tokens
             else 0.0,
-            "weight_updates": self.weights.updates,
+            "weight_updates": self.weight_loader.updates,
         }
 
     async def shutdown(self) -> None:
@@ -246,7 +246,7 @@ class VLLMEngine(RolloutEngine):
             return
         if self._inflight:
             await self.llm.abort(list(self._inflight))
-        self.weights.close()
+        self.weight_loader.close()
         self._closed = True
         self.llm.shutdown()
         # Drop the client now: its __del__ shuts down again and fails at interpreter exit.
@@ -269,7 +269,7 @@ class VLLMEngine(RolloutEngine):
             entry[token].logprob
             for entry, token in zip(completion.logprobs or [], token_ids, strict=True)
         ]
-        token_versions = [self.weights.version] * len(token_ids)
+        token_versions = [self.weight_loader.version] * len(token_ids)
         for span in completion.weight_versions or []:
             token_versions[span.start : span.end] = [_to_version(span.version)] * (
                 span.end - span.start
@@ -286,7 +286,7 @@ class VLLMEngine(RolloutEngine):
             logprobs=logprobs,
             finish_reason=completion.finish_reason,
             num_cached_tokens=cached,
-            weight_version=self.weights.version,
+            weight_version=self.weight_loader.version,
             token_versions=token_versions,
             num_prompt_tokens=prompt_len,
             metrics={"latency_s": latency},

@@ -1,6 +1,6 @@
 """Weight loading of a ``VLLMEngine``: weight pushes into the vLLM workers, in place or staged.
 
-``VLLMWeights`` takes every weight push a ``VLLMEngine`` receives (``update_weights``,
+``VLLMWeightLoader`` takes every weight push a ``VLLMEngine`` receives (``update_weights``,
 ``swap_weights`` and the worker calls of transports that deliver into the workers) and
 drives the workers' half in ``vllm_worker_ext.WeightSyncExtension`` through
 ``AsyncLLM.collective_rpc``:
@@ -138,7 +138,7 @@ def _module_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[s
 
 
 class ServingEngine(Protocol):
-    """What ``VLLMWeights`` needs of the engine whose weights it loads (``VLLMEngine``)."""
+    """What ``VLLMWeightLoader`` needs of the engine whose weights it loads (``VLLMEngine``)."""
 
     llm: AsyncLLM
     control: asyncio.Lock
@@ -165,7 +165,7 @@ class ServingEngine(Protocol):
         """``reset_prefix_cache`` without the open check (the caller holds ``control``)."""
 
 
-class VLLMWeights:
+class VLLMWeightLoader:
     """Loads weight pushes into the workers of one ``VLLMEngine``'s ``AsyncLLM``.
 
     Owns the policy version of the loaded weights (``version``, vLLM's label of what is
