@@ -163,7 +163,15 @@ receiver_class("broadcast").on_worker
 """,
         forbidden=_SERVE,
     ),
-    Contract("agentrl.server.gateway.deployment", SERVER),
+    Contract(
+        "agentrl.server.gateway.deployment",
+        SERVER,
+        """
+from agentrl.server.gateway.config import GatewayConfig
+from agentrl.server.gateway.deployment import served_model_names
+served_model_names(GatewayConfig(), "builtin:tiny-qwen2")
+""",
+    ),
     Contract(
         "agentrl.agent_loops.tool_agent",
         AGENT_LOOPS,
@@ -172,7 +180,14 @@ from agentrl.agent_loops.registry import get_agent_loop
 get_agent_loop("tool_agent")
 """,
     ),
-    Contract("agentrl.agent_loops.external", AGENT_LOOPS),
+    Contract(
+        "agentrl.agent_loops.external",
+        AGENT_LOOPS,
+        """
+from agentrl.agent_loops.registry import get_agent_loop
+get_agent_loop("external")
+""",
+    ),
     Contract(
         "agentrl.tools",
         TOOLS,
