@@ -1,4 +1,4 @@
-"""vLLM worker extension that receives new weights from ``VLLMEngine.update_weights``.
+"""vLLM worker extension: the workers' half of ``VLLMWeightLoader`` (``vllm_weights.py``).
 
 vLLM mixes ``WeightSyncExtension`` into its worker class (``worker_extension_cls``), so
 these methods run inside every worker process and are reached with
@@ -18,9 +18,10 @@ bucket on every push.
 
 Weight transports that deliver into the workers themselves (a broadcast group, where each
 worker is one rank and receives full, unsharded tensors from the trainer) run their worker
-half here through ``agentrl_receiver_call`` and the sources ``agentrl_reload_from`` and
-``agentrl_stage_begin`` read (``server/weight_transport/``); the reload shards the
-tensors for tensor parallelism.
+half (``WeightReceiver.on_worker`` and ``worker_tensors``, in the transport's module of
+``server/weight_transport/``) here, through ``agentrl_receiver_call`` and the sources
+``agentrl_reload_from`` and ``agentrl_stage_begin`` read; only that transport's module is
+loaded. The reload shards the tensors for tensor parallelism.
 
 The ``agentrl_stage_*`` methods are the staged swap (``VLLMEngine`` with
 ``engine.weight_swap=staged``): a second instance of the model (the shadow, built once)
