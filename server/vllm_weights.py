@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -276,16 +276,10 @@ class VLLMWeightLoader:
         async with self._engine.control:
             await self._check_whole_modules([name for name, _ in tensors])
             chunks = self._chunk_by_module(tensors)
-            pause_here = not self._engine.paused
-            if pause_here:
-                await self._engine.pause_scheduler(PauseMode.KEEP)
-            start = time.perf_counter()
-            try:
+            async with self._paused_for_load(PauseMode.KEEP):
+                start = time.perf_counter()
                 await self._reload(chunks)
                 await self._label(version)
-            finally:
-                if pause_here:
-                    await self._llm.resume_generation()
         logger.info(
             "loaded %d tensors in %d message(s) in %.2fs; weight version %d",
             len(tensors),
@@ -343,23 +337,16 @@ class VLLMWeightLoader:
         Pauses (``keep``) for the load if the engine is not paused already. A failure part
         way leaves a mix of old and new weights; the version label stays the old one.
         """
-        async with self._engine.control:
-            pause_here = not self._engine.paused
-            if pause_here:
-                await self._engine.pause_scheduler(PauseMode.KEEP)
+        async with self._engine.control, self._paused_for_load(PauseMode.KEEP):
             start = time.perf_counter()
             try:
-                try:
-                    counts = await self._llm.collective_rpc("agentrl_reload_from", args=(source,))
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"receiving {source['kind']} weights (version {version}) failed; the "
-                        f"engine may hold a mix of old and new weights: {exc}"
-                    ) from exc
-                await self._label(version)
-            finally:
-                if pause_here:
-                    await self._llm.resume_generation()
+                counts = await self._llm.collective_rpc("agentrl_reload_from", args=(source,))
+            except Exception as exc:
+                raise RuntimeError(
+                    f"receiving {source['kind']} weights (version {version}) failed; the "
+                    f"engine may hold a mix of old and new weights: {exc}"
+                ) from exc
+            await self._label(version)
         logger.info(
             "received %d tensors (%s) in %.2fs; weight version %d",
             counts[0],
@@ -441,11 +428,8 @@ class VLLMWeightLoader:
         engine = self._engine
         async with engine.control:
             marks = [("start", time.perf_counter())]
-            pause_here = not engine.paused
-            if pause_here:
-                await engine.pause_scheduler(mode)
-            marks.append(("pause_wait", time.perf_counter()))
-            try:
+            async with self._paused_for_load(mode) as paused_here:
+                marks.append(("pause_wait", time.perf_counter()))
                 try:
                     await self._llm.collective_rpc("agentrl_stage_commit")
                 except Exception as exc:
@@ -459,14 +443,25 @@ class VLLMWeightLoader:
                 if reset_cache:
                     await engine.clear_prefix_cache()
                     marks.append(("reset_cache", time.perf_counter()))
-            finally:
-                if pause_here:
-                    await self._llm.resume_generation()
-                    marks.append(("resume", time.perf_counter()))
+            if paused_here:
+                marks.append(("resume", time.perf_counter()))
         self._record_swap(marks)
         return marks[-1][1] - marks[0][1]
 
     # -- shared -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _paused_for_load(self, mode: PauseMode) -> AsyncIterator[bool]:
+        """Generation paused (``mode``) for a load unless ``pause`` paused it already, and
+        resumed after; yields whether it paused here. The caller holds ``control``."""
+        paused_here = not self._engine.paused
+        if paused_here:
+            await self._engine.pause_scheduler(mode)
+        try:
+            yield paused_here
+        finally:
+            if paused_here:
+                await self._llm.resume_generation()
 
     async def _label(self, version: int) -> None:
         """What is sampled from now on carries ``version`` (vLLM's label and ours)."""
