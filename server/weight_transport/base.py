@@ -14,8 +14,10 @@ halves, each running in a different process:
   receiver's classmethods ``on_worker`` and ``worker_tensors``, which
   ``vllm_worker_ext.WeightSyncExtension`` calls inside every worker.
 
-The sender names its receiver by the module's name (``WeightSync.receiver``), and a
-receiver is registered under that name (``register_receiver``). Nothing here loads Ray
+The module's ``make_sender(config, control)`` builds its sender for the
+``weight_sync.kind`` values ``WEIGHT_TRANSPORTS`` maps to it (``make_weight_sync``). The
+sender names its receiver by the module's name (``WeightSync.receiver``), and the receiver
+is registered under that name (``register_receiver``). Nothing here loads Ray
 Serve: FSDP ranks import the broadcast root from this package.
 """
 
