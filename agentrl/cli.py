@@ -162,6 +162,19 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from agentrl.trainer.audit import AuditError, read_row_audit
+
+    try:
+        counts = read_row_audit(args.run_dir)
+    except AuditError as exc:
+        logger.error("%s", exc)
+        return 2
+    for name, value in counts.as_dict().items():
+        print(f"{name:24} {value}")
+    return 1 if counts.rows_lost or counts.rows_trained_twice else 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from agentrl.testing.benchmarks import BenchmarkError, run_benchmark
 
@@ -265,6 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="run directory holding metrics.jsonl (or the file itself)")
     plot.add_argument("--out", help="folder for the PNGs (default: RUN_DIR/plots)")
     plot.set_defaults(run=_plot)
+
+    audit = commands.add_parser(
+        "audit",
+        help="count a run's rows lost or trained twice, from RUN_DIR/audit.jsonl alone",
+        description="Replay a run directory's audit.jsonl (resumes included): rows handed "
+        "out, trained, trained twice, dropped, pending at the last checkpoint and lost. "
+        "Exits 1 when a row was lost or trained twice, 2 when the audit cannot be read.",
+    )
+    audit.add_argument("run_dir", help="run directory holding audit.jsonl")
+    audit.set_defaults(run=_audit)
 
     bench = commands.add_parser(
         "bench",

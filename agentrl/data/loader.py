@@ -65,6 +65,11 @@ class RowLoader(Generic[T]):
         return self._index
 
     @property
+    def rows_drawn(self) -> int:
+        """Rows handed out since the first epoch began (the next row's global number)."""
+        return self._epoch * self._epoch_end() + self._index
+
+    @property
     def seed(self) -> int:
         """The shuffle seed."""
         return self._seed

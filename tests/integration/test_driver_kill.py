@@ -125,4 +125,8 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     rows_accounted = (ledger.episodes_trained + ledger.episodes_dropped_stale) // group
     ledger.rows_lost = max(0, rows_done - rows_accounted)
     ledger.rows_duplicated = max(0, rows_accounted - rows_done)
+    # And independently, from the run directory's audit alone: the killed driver's
+    # updates after its last checkpoint are rolled back, every row settled once.
+    ledger.read_audit(run_dir)
+    assert ledger.audit["resumes"] == 1, ledger.audit
     ledger.record(record_property)

@@ -21,7 +21,7 @@ from agentrl.testing.benchmarks import (
     run_benchmark,
 )
 
-COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "bench")
+COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "audit", "bench")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
