@@ -329,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(rich_tracebacks=True, show_path=False)],
     )
+    if args.verbose and hasattr(args, "overrides"):
+        args.overrides.append("ray.log_to_driver=true")
+    elif not args.verbose:
+        # Serve logs each application start, handle connection and router start-up in
+        # the driver at INFO: bookkeeping of its own, none of it the user's to act on.
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     try:
         return args.run(args)
     except MissingInputs as exc:
