@@ -9,15 +9,19 @@
   (``episodes``: their ids);
 - ``dropped``: ``rows`` left without training (``why``: the queue dropped their group —
   stale or failed —, dynamic sampling found them uninformative, or every episode failed);
-- ``checkpoint``: a checkpoint at ``step`` was written; ``pending``: rows handed out (or
-  read) and not done, which a run resumed from it hands out again.
+- ``checkpoint``: a checkpoint of ``step`` is about to be written (recorded before it, so
+  that a checkpoint a run resumes from always has its event); ``pending``: rows handed
+  out (or read) and not done, which a run resumed from it hands out again;
+- ``saved``: that checkpoint is complete.
 
 ``read_row_audit`` reads the file after the run, in any process, and counts rows lost
 (handed out and never trained, dropped or pending) and trained twice. It replays
 resumes: a run resumed from step ``s`` rolled back everything recorded after the
 checkpoint at ``s`` (the updates after it never reached the restored weights), so those
-events do not count. A driver killed mid-write leaves at most one torn last line, which
-is skipped. ``agentrl audit RUN_DIR`` prints the counts.
+events do not count. A driver killed mid-write leaves at most one torn last line: the
+reader skips it, and a run resumed after it cuts it off before it appends. A run that
+did not end with a saved checkpoint (killed, never resumed) keeps no rows pending.
+``agentrl audit RUN_DIR`` prints the counts.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class RowAudit:
         file; a fresh one (None) replaces it."""
         path = Path(run_dir) / AUDIT_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
+        if resumed_from is not None:
+            _cut_torn_tail(path)
         self._file: IO[str] = path.open("w" if resumed_from is None else "a")
         self._settled: set[int] = set()
         self._write({"event": "start", "resumed_from": resumed_from})
@@ -70,9 +76,13 @@ class RowAudit:
         self.dropped(set(rows) - self._settled, why)
 
     def checkpoint(self, step: int, pending: Iterable[int]) -> None:
-        """The checkpoint of ``step`` is written; ``pending`` rows are handed out again
-        by a run resumed from it."""
+        """The checkpoint of ``step`` is about to be written (call before writing it, then
+        ``saved``); ``pending`` rows are handed out again by a run resumed from it."""
         self._write({"event": "checkpoint", "step": step, "pending": sorted(pending)})
+
+    def saved(self, step: int) -> None:
+        """The checkpoint of ``step`` is complete."""
+        self._write({"event": "saved", "step": step})
 
     def close(self) -> None:
         """Close the file (events after this are an error)."""
@@ -107,6 +117,18 @@ class RowCounts:
 class AuditError(ValueError):
     """The audit file cannot be replayed (missing, or a resume from a checkpoint it never
     recorded)."""
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a process killed mid-write) off the file, so
+    that what is appended next starts a line of its own."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as file:
+        data = file.read()
+        if data and not data.endswith(b"\n"):
+            file.truncate(data.rfind(b"\n") + 1)
+            logger.warning("%s: cut off an incomplete last line", path)
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -150,6 +172,7 @@ def read_row_audit(run_dir: Path) -> RowCounts:
     episodes: list[str] = []
     dropped: set[int] = set()
     pending: set[int] = set()
+    pending_step: int | None = None
     for event in events:
         kind = event["event"]
         if kind == "out":
@@ -161,8 +184,11 @@ def read_row_audit(run_dir: Path) -> RowCounts:
             dropped.update(event["rows"])
         elif kind == "checkpoint":
             pending = set(event["pending"])
-    # A run that did not end with a checkpoint (killed, never resumed) keeps no rows.
-    if events and events[-1]["event"] != "checkpoint":
+            pending_step = event["step"]
+    # A run that did not end with a saved checkpoint (killed, never resumed, or killed
+    # while saving its last one) keeps no rows.
+    last = events[-1] if events else {}
+    if last.get("event") != "saved" or last.get("step") != pending_step:
         pending = set()
     trained_once = set(trained)
     return RowCounts(

@@ -454,8 +454,13 @@ class Trainer:
         """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
         path = self.run_dir / "checkpoints" / f"step_{self.step}"
         extra = {"step": self.step, "version": self.version, **self._data_state()}
-        self.actor.save_checkpoint(str(path), extra=extra)
+        # Recorded before the checkpoint exists: a driver killed once it is written but
+        # before a line after it would leave a checkpoint the audit never heard of, and
+        # the run resumed from it could not be replayed. Nothing runs in between (the
+        # save blocks the loop), so the pending rows are the checkpoint's.
         self.audit.checkpoint(self.step, self._pending_rows())
+        self.actor.save_checkpoint(str(path), extra=extra)
+        self.audit.saved(self.step)
         logger.info("saved checkpoint %s", path)
         return path
 

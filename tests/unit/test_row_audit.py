@@ -8,7 +8,11 @@ import json
 import pytest
 
 from agentrl.cli import main
+from agentrl.config import load_config
+from agentrl.data.loader import RowLoader
+from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.audit import AUDIT_FILE, AuditError, RowAudit, read_row_audit
+from agentrl.trainer.row_feed import RowFeed
 
 
 def first_run(tmp_path, killed_after_checkpoint: bool = False) -> RowAudit:
@@ -18,6 +22,7 @@ def first_run(tmp_path, killed_after_checkpoint: bool = False) -> RowAudit:
     audit.trained(1, [0, 1], ["e0", "e1"])
     audit.dropped([2], "stale")
     audit.checkpoint(1, pending=[3])
+    audit.saved(1)
     if killed_after_checkpoint:
         audit.handed_out(4, "g4")
         audit.trained(2, [3, 4], ["e3", "e4"])
@@ -36,6 +41,7 @@ def test_a_row_handed_out_and_never_settled_is_lost(tmp_path):
     audit = first_run(tmp_path)
     audit.handed_out(4, "g4")
     audit.checkpoint(1, pending=[3])  # the final checkpoint does not hold row 4
+    audit.saved(1)
     audit.close()
     assert read_row_audit(tmp_path).rows_lost == 1
 
@@ -52,6 +58,7 @@ def test_a_row_trained_at_two_steps_is_counted(tmp_path):
     audit = first_run(tmp_path)
     audit.trained(2, [0, 3], ["e0b", "e3"])
     audit.checkpoint(2, pending=[])
+    audit.saved(2)
     audit.close()
     counts = read_row_audit(tmp_path)
     assert counts.rows_trained_twice == 1 and counts.episodes_trained_twice == 0
@@ -64,6 +71,7 @@ def test_a_resume_rolls_back_what_came_after_its_checkpoint(tmp_path):
     resumed.handed_out(4, "g4b")
     resumed.trained(2, [3, 4], ["e3b", "e4b"])
     resumed.checkpoint(2, pending=[])
+    resumed.saved(2)
     resumed.close()
     counts = read_row_audit(tmp_path)
     # Rows 3 and 4 were trained at step 2 before the kill and again after the resume:
@@ -85,6 +93,7 @@ def test_drop_unsettled_leaves_trained_rows_alone(tmp_path):
     audit.trained(1, [0], ["e0"])
     audit.drop_unsettled([0, 1, 2], "uninformative")
     audit.checkpoint(1, pending=[])
+    audit.saved(1)
     audit.close()
     counts = read_row_audit(tmp_path)
     assert (counts.rows_trained, counts.rows_dropped, counts.rows_lost) == (1, 2, 0)
@@ -121,3 +130,76 @@ def test_agentrl_audit_prints_the_counts_and_fails_on_a_lost_row(tmp_path, capsy
         out.write(json.dumps({"event": "out", "row": 9, "group": "g9"}) + "\n")
     assert main(["audit", str(tmp_path)]) == 1
     assert main(["audit", str(tmp_path / "missing")]) == 2
+
+
+def test_a_resume_after_a_torn_last_line_appends_on_a_line_of_its_own(tmp_path):
+    first_run(tmp_path, killed_after_checkpoint=True).close()
+    with (tmp_path / AUDIT_FILE).open("a") as out:
+        out.write('{"event": "out", "ro')  # the driver was killed writing this line
+    resumed = RowAudit(tmp_path, resumed_from=1)
+    resumed.handed_out(3, "g3b")
+    resumed.handed_out(4, "g4b")
+    resumed.trained(2, [3, 4], ["e3b", "e4b"])
+    resumed.checkpoint(2, pending=[])
+    resumed.saved(2)
+    resumed.close()
+    counts = read_row_audit(tmp_path)
+    assert (counts.starts, counts.resumes) == (2, 1)
+    assert counts.rows_trained == 4 and counts.rows_lost == 0 and counts.rows_trained_twice == 0
+
+
+def test_a_run_killed_while_saving_its_last_checkpoint_keeps_nothing_pending(tmp_path):
+    audit = first_run(tmp_path)
+    audit.trained(2, [3], ["e3"])
+    audit.handed_out(4, "g4")
+    audit.checkpoint(2, pending=[4])  # never saved
+    audit.close()
+    counts = read_row_audit(tmp_path)
+    assert counts.rows_pending == 0 and counts.rows_lost == 1
+
+
+class _Killed(BaseException):
+    """The driver's SIGKILL, as far as the code after the save is concerned."""
+
+
+class _ActorKilledAfterSaving:
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+
+    def save_checkpoint(self, path, extra):
+        self.saved.append(path)  # the checkpoint is complete on disk ...
+        raise _Killed  # ... and the driver dies before anything after it runs
+
+
+def test_a_driver_killed_right_after_a_checkpoint_is_written_can_be_replayed(tmp_path):
+    """The driver-kill test kills as soon as the checkpoint's trainer state is on disk:
+    the run resumed from it must find the checkpoint's event in the audit."""
+    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", "data.train_batch_size=2"])
+    trainer = AsyncTrainer(cfg)
+    trainer.loader = RowLoader([{"n": i} for i in range(6)], 2, shuffle=False)
+    trainer._feed = RowFeed(trainer.loader)
+    trainer.actor = _ActorKilledAfterSaving()
+    trainer.audit = RowAudit(tmp_path, resumed_from=None)
+    for group in ("g0", "g1", "g2"):
+        index, row = trainer._feed.next_row()
+        trainer._feed.start(group, index, row)
+        trainer.audit.handed_out(index, group)
+    trainer._feed.done(["g0"])
+    trainer.audit.trained(1, [0], ["e0"])
+    trainer._feed.done(["g1"])
+    trainer.audit.dropped([1], "stale")
+    trainer.step = 1
+    with pytest.raises(_Killed):
+        trainer.save_checkpoint()
+    assert trainer.actor.saved == [str(tmp_path / "checkpoints" / "step_1")]
+    trainer.audit.close()
+
+    resumed = RowAudit(tmp_path, resumed_from=1)  # what the rerun's setup writes
+    resumed.handed_out(2, "g2b")  # the checkpoint's pending row, handed out again
+    resumed.trained(2, [2], ["e2b"])
+    resumed.checkpoint(2, pending=[3])
+    resumed.saved(2)
+    resumed.close()
+    counts = read_row_audit(tmp_path)
+    assert (counts.rows_trained, counts.rows_dropped, counts.rows_lost) == (2, 1, 0)
+    assert counts.rows_trained_twice == 0 and counts.resumes == 1
