@@ -31,7 +31,8 @@ class RowFeed:
 
     def __init__(self, loader: RowLoader, next_index: int = 0) -> None:
         """``next_index``: the index of the loader's next row (a synchronous run's
-        checkpoint numbers rows step × batch size + position)."""
+        checkpoint: the loader's ``rows_drawn``, as the synchronous trainer numbers
+        them)."""
         self._loader = loader
         self._next_index = next_index
         self._ready: deque[tuple[int, Row]] = deque()
