@@ -322,6 +322,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _serve_warnings_only(record: logging.LogRecord) -> bool:
+    """A filter of the ``ray.serve`` logger: its warnings and errors only."""
+    return record.levelno >= logging.WARNING
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -329,12 +334,17 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(rich_tracebacks=True, show_path=False)],
     )
-    if args.verbose and hasattr(args, "overrides"):
-        args.overrides.append("ray.log_to_driver=true")
-    elif not args.verbose:
+    serve_logger = logging.getLogger("ray.serve")
+    if args.verbose:
+        serve_logger.removeFilter(_serve_warnings_only)
+        if hasattr(args, "overrides"):  # first: an explicit ray.log_to_driver still wins
+            args.overrides.insert(0, "ray.log_to_driver=true")
+    else:
         # Serve logs each application start, handle connection and router start-up in
         # the driver at INFO: bookkeeping of its own, none of it the user's to act on.
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        # A filter, not a level: importing ray.serve (later, in the command) sets that
+        # logger's level to INFO again.
+        serve_logger.addFilter(_serve_warnings_only)
     try:
         return args.run(args)
     except MissingInputs as exc:
