@@ -121,14 +121,22 @@ class AuditError(ValueError):
 
 def _cut_torn_tail(path: Path) -> None:
     """Cut a last line without its newline (a process killed mid-write) off the file, so
-    that what is appended next starts a line of its own."""
+    that what is appended next starts a line of its own; a whole event that only lacks
+    its newline (what the reader would have read) gets one instead."""
     if not path.is_file():
         return
     with path.open("rb+") as file:
         data = file.read()
-        if data and not data.endswith(b"\n"):
-            file.truncate(data.rfind(b"\n") + 1)
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except ValueError:
+            file.truncate(start)
             logger.warning("%s: cut off an incomplete last line", path)
+        else:
+            file.write(b"\n")
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -203,3 +203,15 @@ def test_a_driver_killed_right_after_a_checkpoint_is_written_can_be_replayed(tmp
     counts = read_row_audit(tmp_path)
     assert (counts.rows_trained, counts.rows_dropped, counts.rows_lost) == (2, 1, 0)
     assert counts.rows_trained_twice == 0 and counts.resumes == 1
+
+
+def test_a_last_event_that_lacks_only_its_newline_is_kept_by_a_resume(tmp_path):
+    audit = first_run(tmp_path)
+    audit.trained(2, [3], ["e3"])
+    audit.close()
+    path = tmp_path / AUDIT_FILE
+    checkpoint = {"event": "checkpoint", "step": 2, "pending": []}
+    path.write_text(path.read_text() + json.dumps(checkpoint))  # killed before its newline
+    RowAudit(tmp_path, resumed_from=2).close()
+    counts = read_row_audit(tmp_path)
+    assert counts.resumes == 1 and counts.rows_trained == 3 and counts.rows_lost == 0
