@@ -480,8 +480,20 @@ class Trainer:
         return {"loader": self.loader.state_dict() if self.loader is not None else None}
 
     def _load_data_state(self, extra: dict[str, Any]) -> None:
-        if self.loader is not None and extra.get("loader") is not None:
+        if self.loader is None:
+            return
+        if extra.get("loader") is not None:
             self.loader.load_state_dict(extra["loader"])
+        elif extra.get("row_feed") is not None:  # an asynchronous run's checkpoint
+            feed = extra["row_feed"]
+            if feed["pending"]:
+                raise ValueError(
+                    f"this run's checkpoint (step {extra['step']}) was written by the "
+                    f"asynchronous trainer with {len(feed['pending'])} rows started and "
+                    "not trained yet, which the synchronous trainer cannot hand out "
+                    "again: continue the run without --sync"
+                )
+            self.loader.load_state_dict(feed["loader"])  # rows_drawn: the feed's next
 
     def _save_samples(self, samples: list[Sample]) -> None:
         count = self.cfg.trainer.samples_to_save

@@ -13,6 +13,7 @@ from agentrl.data.loader import RowLoader
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.audit import AUDIT_FILE, AuditError, RowAudit, read_row_audit
 from agentrl.trainer.row_feed import RowFeed
+from agentrl.trainer.trainer import Trainer
 
 
 def first_run(tmp_path, killed_after_checkpoint: bool = False) -> RowAudit:
@@ -215,3 +216,31 @@ def test_a_last_event_that_lacks_only_its_newline_is_kept_by_a_resume(tmp_path):
     RowAudit(tmp_path, resumed_from=2).close()
     counts = read_row_audit(tmp_path)
     assert counts.resumes == 1 and counts.rows_trained == 3 and counts.rows_lost == 0
+
+
+def _async_checkpoint(rows: list[dict], done: int) -> dict:
+    """The data state of an async run that handed out 4 rows and finished ``done``."""
+    feed = RowFeed(RowLoader(rows, 2, shuffle=False))
+    for number in range(4):
+        index, row = feed.next_row()
+        feed.start(f"g{number}", index, row)
+    feed.done([f"g{number}" for number in range(done)])
+    return {"step": 2, "row_feed": feed.state_dict()}
+
+
+def test_a_synchronous_run_continues_an_asynchronous_checkpoint_s_data_order():
+    """Not from row 0 again (every row trained twice, and the audit says so)."""
+    rows = [{"n": i} for i in range(10)]
+    trainer = Trainer(load_config(None, ["data.train_batch_size=2"]))
+    trainer.loader = RowLoader(rows, 2, shuffle=False)
+    trainer._load_data_state(_async_checkpoint(rows, done=4))
+    assert trainer.loader.rows_drawn == 4
+    assert trainer.loader.next_batch() == [{"n": 4}, {"n": 5}]
+
+
+def test_a_synchronous_run_refuses_an_asynchronous_checkpoint_with_rows_in_flight():
+    rows = [{"n": i} for i in range(10)]
+    trainer = Trainer(load_config(None, ["data.train_batch_size=2"]))
+    trainer.loader = RowLoader(rows, 2, shuffle=False)
+    with pytest.raises(ValueError, match=r"2 rows started.*without --sync"):
+        trainer._load_data_state(_async_checkpoint(rows, done=2))
