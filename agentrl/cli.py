@@ -172,6 +172,11 @@ def _audit(args: argparse.Namespace) -> int:
         return 2
     for name, value in counts.as_dict().items():
         print(f"{name:24} {value}")
+    if counts.rows_lost and not counts.ended_with_checkpoint:
+        print(
+            "the run did not end with a saved checkpoint: the rows it held since its last "
+            "one count as lost; resuming it (trainer.resume=true) hands them out again"
+        )
     return 1 if counts.rows_lost or counts.rows_trained_twice else 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import ray
@@ -89,7 +90,9 @@ def init_ray(cfg: RayConfig) -> None:
     if not cfg.log_to_driver:
         logger.info(
             "Ray workers' logs: %s (ray.log_to_driver=true or -v shows them here)",
-            "/tmp/ray/session_latest/logs" if cfg.address is None else "each node's Ray logs",
+            f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs"
+            if cfg.address is None
+            else "each node's Ray logs",
         )
 
 

@@ -108,8 +108,12 @@ class RowCounts:
     starts: int
     resumes: int
     updates: int
+    ended_with_checkpoint: bool
+    """Whether the run's last event is a saved checkpoint: a run that stopped (killed,
+    or an error) and was never resumed counts the rows it held since as lost, though a
+    resume would hand them out again."""
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool]:
         """The counts as a plain dict (for JSON)."""
         return asdict(self)
 
@@ -196,7 +200,8 @@ def read_row_audit(run_dir: Path) -> RowCounts:
     # A run that did not end with a saved checkpoint (killed, never resumed, or killed
     # while saving its last one) keeps no rows.
     last = events[-1] if events else {}
-    if last.get("event") != "saved" or last.get("step") != pending_step:
+    ended_with_checkpoint = last.get("event") == "saved" and last.get("step") == pending_step
+    if not ended_with_checkpoint:
         pending = set()
     trained_once = set(trained)
     return RowCounts(
@@ -210,4 +215,5 @@ def read_row_audit(run_dir: Path) -> RowCounts:
         starts=sum(1 for e in events if e["event"] == "start"),
         resumes=sum(1 for e in events if e["event"] == "start" and e["resumed_from"] is not None),
         updates=sum(1 for e in events if e["event"] == "trained"),
+        ended_with_checkpoint=ended_with_checkpoint,
     )

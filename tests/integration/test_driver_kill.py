@@ -66,7 +66,12 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     tiny_checkpoint, tmp_path, record_property
 ):
     ledger = Ledger("driver killed (SIGKILL), `agentrl train` run again")
-    extra = ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781"]
+    extra = [
+        "trainer.max_staleness=1",
+        "trainer.save_every=1",
+        "server.http_port=18781",
+        "ray.log_to_driver=true",  # the workers' tracebacks in the log a failure prints
+    ]
     overrides = toy_overrides(tiny_checkpoint, tmp_path, STEPS, [*extra, *run_shape(tmp_path)])
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"

@@ -53,6 +53,7 @@ def test_a_run_that_ends_without_a_checkpoint_keeps_nothing_pending(tmp_path):
     audit.close()
     counts = read_row_audit(tmp_path)
     assert counts.rows_pending == 0 and counts.rows_lost == 1  # row 3
+    assert not counts.ended_with_checkpoint
 
 
 def test_a_row_trained_at_two_steps_is_counted(tmp_path):
@@ -130,6 +131,8 @@ def test_agentrl_audit_prints_the_counts_and_fails_on_a_lost_row(tmp_path, capsy
     with (tmp_path / AUDIT_FILE).open("a") as out:
         out.write(json.dumps({"event": "out", "row": 9, "group": "g9"}) + "\n")
     assert main(["audit", str(tmp_path)]) == 1
+    # The last event is no saved checkpoint now: the command says what that means.
+    assert "did not end with a saved checkpoint" in capsys.readouterr().out
     assert main(["audit", str(tmp_path / "missing")]) == 2
 
 
