@@ -42,6 +42,14 @@ class RayConfig(Section):
     )
     num_cpus: int | None = Field(None, description="CPUs Ray may use on a local start.")
     namespace: str = Field("agentrl", description="Ray namespace.")
+    log_to_driver: bool = Field(
+        False,
+        description="Echo every Ray worker's output (Serve replicas and their vLLM "
+        "engines, FSDP ranks, agent-loop workers) on the driver's console. Off, the "
+        "console shows agentrl's own progress and messages; the workers' logs stay in "
+        "Ray's session directory (/tmp/ray/session_latest/logs on a local start), and a "
+        "worker's error still reaches the driver as an exception. `agentrl -v` turns it on.",
+    )
 
 
 WEIGHT_TRANSPORTS: dict[str, str] = {

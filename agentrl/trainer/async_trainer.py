@@ -86,7 +86,8 @@ class AsyncTrainer(Trainer):
                     metrics |= await self.train_on(batch.episodes, rows, metrics)
                     if self._feed is not None:
                         self._feed.done([g[0].group_id for g in batch.groups])
-                        self._feed.done(batch.dropped_group_ids)
+                        dropped = self._feed.done(batch.dropped_group_ids)
+                        self.audit.dropped(dropped, "the queue dropped its group (stale or failed)")
                     await queue.finish_step.remote(self.version)
                 metrics["timing/gen"] = self._gen_clock.take()
                 history.append(await self._finish_step(metrics))
@@ -190,6 +191,7 @@ class AsyncTrainer(Trainer):
                         first_row_index=index,
                     )
                     self._feed.start(group[0].group_id, index, row)
+                    self.audit.handed_out(index, group[0].group_id)
                     for request in group:
                         task = asyncio.create_task(self._run_one(request, queue))
                         episodes.add(task)
@@ -215,6 +217,11 @@ class AsyncTrainer(Trainer):
     def _data_state(self) -> dict[str, Any]:
         return {"row_feed": self._feed.state_dict() if self._feed is not None else None}
 
+    def _pending_rows(self) -> list[int]:
+        if self._feed is None:
+            return []
+        return [index for index, _ in self._feed.state_dict()["pending"]]
+
     def _load_data_state(self, extra: dict[str, Any]) -> None:
         if self._feed is None:
             return
@@ -222,8 +229,7 @@ class AsyncTrainer(Trainer):
             self._feed.load_state_dict(extra["row_feed"])
         elif extra.get("loader") is not None:  # a synchronous run's checkpoint
             super()._load_data_state(extra)
-            first = self.step * self.cfg.data.train_batch_size
-            self._feed = RowFeed(self.loader, next_index=first)
+            self._feed = RowFeed(self.loader, next_index=self.loader.rows_drawn)
 
 
 async def _unless_failed(awaitable: Awaitable[T], failure: asyncio.Future[None]) -> T:

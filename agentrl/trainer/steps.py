@@ -68,6 +68,8 @@ async def score_episodes(
             float(output.reward or 0.0)
             if episode.external
             else score_of[episode.episode_id] + output.extra.get("tool_reward", 0.0),
+            row_index=episode.row_index,
+            episode_id=episode.episode_id,
         )
         for episode in ok
         for output in episode.outputs
