@@ -29,7 +29,15 @@ measured:
    run, at b5ed9c7, found the engine without a device option and failing on CUDA; its
    script moved the model by hand and patched ``DecodeBatch.remove``. See README.md.)
 
-3. **Memory probe** (``--memory-probe RECIPE``, alone): the recipe's actor settings
+3. **Checkpoint round trip** (the last of the FSDP precisions: bf16 on cuda): an actor
+   trains, saves a checkpoint, exports HF weights and trains one more update; a fresh
+   actor loads the checkpoint and trains the same update. Recorded: step and ``extra``
+   restored, loaded − saved log-probs, the next update's loss and grad norm on both,
+   log-probs after it, checkpoint size, the exported tensors' dtypes, and the exported
+   model's log-probs (plain transformers, fp32 and the run's dtype) against the saved
+   policy's.
+
+4. **Memory probe** (``--memory-probe RECIPE``, alone): the recipe's actor settings
    (``load_config`` → ``workers.actor``: precision, gradient checkpointing, micro-batch
    token budget, AdamW; its ``algorithm`` for the loss) on a randomly initialised model
    of Qwen2.5-1.5B-Instruct's architecture (``QWEN25_15B``; ``--probe-tiny``, the default
@@ -190,6 +198,50 @@ def rescale_init(path: str, hidden_size: int) -> float:
 # -- 1. the FSDP2 actor ----------------------------------------------------------------------
 
 
+def new_actor(path: str, *, param_dtype: str, attn: str, lr: float, total_steps: int) -> Any:
+    """An ``ActorWorker`` of world size 1, set up (its own process group)."""
+    from agentrl.trainer.config import ActorConfig, FSDPConfig, OptimConfig
+
+    actor_worker = import_actor_worker()
+    config = ActorConfig(
+        world_size=1,
+        mini_batch_size=ROWS // 2,  # two optimizer steps per update call
+        max_tokens_per_micro_batch=512,  # several packed micro-batches per mini-batch
+        optim=OptimConfig(lr=lr, warmup_steps=0),
+        fsdp=FSDPConfig(param_dtype=param_dtype, reduce_dtype="float32", attn_implementation=attn),
+    )
+    worker = actor_worker(config, path, rank=0, world_size=1, total_training_steps=total_steps)
+    worker.setup("127.0.0.1", free_port())
+    return worker
+
+
+def update_once(
+    worker: Any, batch: dict[str, torch.Tensor], old_log_probs: torch.Tensor
+) -> tuple[dict[str, Any], int]:
+    """One ``update_actor`` call on ``batch`` (PPO clip against ``old_log_probs``), as
+    ``Trainer.fit`` makes it; returns its metrics and the optimizer steps it took."""
+    from agentrl.algos import AlgorithmConfig
+    from agentrl.trainer.dispatch import shard_mini_batches
+    from agentrl.trainer.losses import make_actor_loss
+
+    shards, num_mini = shard_mini_batches(
+        {**batch, "old_log_probs": old_log_probs}, 1, worker.config.mini_batch_size
+    )
+    metrics = worker.update_actor(
+        shards[0], make_actor_loss(AlgorithmConfig()), with_entropy=True, entropy_grad=False
+    )
+    return metrics, num_mini
+
+
+def close_actor(worker: Any) -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    del worker
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_actor(
     path: str,
     batch: dict[str, torch.Tensor],
@@ -203,23 +255,10 @@ def run_actor(
     calls, log-probs again; the trained full state dict (CPU) under ``"_state"``."""
     import torch.distributed as dist
 
-    from agentrl.algos import AlgorithmConfig
     from agentrl.trainer.checkpoint import full_state_dict
-    from agentrl.trainer.config import ActorConfig, FSDPConfig, OptimConfig
-    from agentrl.trainer.dispatch import shard_mini_batches
-    from agentrl.trainer.losses import make_actor_loss
 
-    actor_worker = import_actor_worker()
-    config = ActorConfig(
-        world_size=1,
-        mini_batch_size=ROWS // 2,  # two optimizer steps per update call
-        max_tokens_per_micro_batch=512,  # several packed micro-batches per mini-batch
-        optim=OptimConfig(lr=lr, warmup_steps=0),
-        fsdp=FSDPConfig(param_dtype=param_dtype, reduce_dtype="float32", attn_implementation=attn),
-    )
-    worker = actor_worker(config, path, rank=0, world_size=1, total_training_steps=max(steps, 1))
     start = time.perf_counter()
-    worker.setup("127.0.0.1", free_port())
+    worker = new_actor(path, param_dtype=param_dtype, attn=attn, lr=lr, total_steps=max(steps, 1))
     device = worker.device
     out: dict[str, Any] = {
         "param_dtype": param_dtype,
@@ -238,20 +277,13 @@ def run_actor(
         out["log_prob_s"] = time.perf_counter() - start
         out["_log_probs_init"] = log_probs
         if steps:
-            loss_fn = make_actor_loss(AlgorithmConfig())
             out["steps"] = []
             for step in range(steps):
                 # As Trainer.fit: behaviour log-probs recomputed by the actor before each update.
                 old = log_probs if step == 0 else worker.compute_log_prob(batch)["log_probs"]
-                shards, num_mini = shard_mini_batches(
-                    {**batch, "old_log_probs": old}, 1, config.mini_batch_size
-                )
-                out["optimizer_steps_per_update"] = num_mini
                 sync(device)
                 start = time.perf_counter()
-                metrics = worker.update_actor(
-                    shards[0], loss_fn, with_entropy=True, entropy_grad=False
-                )
+                metrics, out["optimizer_steps_per_update"] = update_once(worker, batch, old)
                 sync(device)
                 out["steps"].append({"seconds": time.perf_counter() - start, **metrics})
             out["_log_probs_final"] = worker.compute_log_prob(batch)["log_probs"]
@@ -259,10 +291,80 @@ def run_actor(
         if device.type == "cuda":
             out["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     finally:
-        dist.destroy_process_group()
-        del worker
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        close_actor(worker)
+    return out
+
+
+def checkpoint_check(
+    path: str, device: torch.device, param_dtype: str, lr: float, workdir: Path
+) -> dict[str, Any]:
+    """A checkpoint round trip under ``param_dtype``: actor A trains 2 update calls, saves
+    (``save_checkpoint``: DCP model + optimizer, scheduler, step, RNG, ``extra``), exports
+    to HF format (``export_hf``) and trains one more call; a fresh actor B loads the
+    checkpoint and trains the same call. B must start where A saved (log-probs, step,
+    ``extra``) and its next update must match A's; the exported HF model (loaded by plain
+    transformers in fp32 and in ``param_dtype``) must give the saved policy's log-probs."""
+    from transformers import AutoConfig
+
+    batch = make_batch(AutoConfig.from_pretrained(path).vocab_size, seed=1)
+    mask = batch["response_mask"]
+    ckpt, exported = workdir / f"ckpt_{param_dtype}", workdir / f"hf_{param_dtype}"
+    extra = {"rows_drawn": 123, "note": "gpu_check"}
+    out: dict[str, Any] = {"param_dtype": param_dtype, "pre_save_update_calls": 2}
+
+    actor = new_actor(path, param_dtype=param_dtype, attn="packed_sdpa", lr=lr, total_steps=8)
+    try:
+        for _ in range(2):
+            update_once(actor, batch, actor.compute_log_prob(batch)["log_probs"])
+        start = time.perf_counter()
+        actor.save_checkpoint(str(ckpt), extra)
+        out["save_s"] = time.perf_counter() - start
+        out["saved_step"] = actor.step
+        saved_log_probs = actor.compute_log_prob(batch)["log_probs"]
+        start = time.perf_counter()
+        actor.export_hf(str(exported))
+        out["export_s"] = time.perf_counter() - start
+        next_a, _ = update_once(actor, batch, saved_log_probs)
+        after_a = actor.compute_log_prob(batch)["log_probs"]
+    finally:
+        close_actor(actor)
+
+    actor = new_actor(path, param_dtype=param_dtype, attn="packed_sdpa", lr=lr, total_steps=8)
+    try:
+        start = time.perf_counter()
+        out["extra_restored"] = actor.load_checkpoint(str(ckpt)) == extra
+        out["load_s"] = time.perf_counter() - start
+        out["loaded_step"] = actor.step
+        loaded_log_probs = actor.compute_log_prob(batch)["log_probs"]
+        next_b, _ = update_once(actor, batch, loaded_log_probs)
+        after_b = actor.compute_log_prob(batch)["log_probs"]
+    finally:
+        close_actor(actor)
+
+    out["loaded_vs_saved_log_probs"] = masked_stats(loaded_log_probs - saved_log_probs, mask)
+    out["next_update_loss"] = {
+        "saved_actor": next_a["actor/loss"],
+        "loaded_actor": next_b["actor/loss"],
+    }
+    out["next_update_grad_norm"] = {
+        "saved_actor": next_a["actor/grad_norm"],
+        "loaded_actor": next_b["actor/grad_norm"],
+    }
+    out["after_next_update_log_probs"] = masked_stats(after_b - after_a, mask)
+    out["checkpoint_mib"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) / 2**20
+    from safetensors.torch import load_file
+
+    out["exported_dtypes"] = sorted(
+        {str(t.dtype) for f in exported.glob("*.safetensors") for t in load_file(f).values()}
+    )
+    dtypes = {"hf_fp32": torch.float32, param_dtype: getattr(torch, param_dtype)}
+    out["exported_vs_saved_log_probs"] = {
+        name: masked_stats(
+            hf_log_probs(load_hf(str(exported), dtype, device), batch, device) - saved_log_probs,
+            mask,
+        )
+        for name, dtype in dtypes.items()
+    }
     return out
 
 
@@ -800,6 +902,22 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
                     f", |Δw|/|update| {cmp['weights_rel_diff']:.3f}"
                 )
             rows.append((f"{size} bf16 vs fp32", text))
+        ckpt = res.get("checkpoint")
+        if ckpt and "error" in ckpt:
+            rows.append((f"{size} checkpoint", f"ERROR {ckpt['error'][:80]}"))
+        elif ckpt:
+            loss = ckpt["next_update_loss"]
+            rows.append(
+                (
+                    f"{size} checkpoint {ckpt['param_dtype']}",
+                    f"step {ckpt['saved_step']}->{ckpt['loaded_step']}, extra"
+                    f" {'ok' if ckpt['extra_restored'] else 'LOST'}, loaded max|Δlogp|"
+                    f" {ckpt['loaded_vs_saved_log_probs']['max_abs']:.2e}, next loss"
+                    f" {loss['saved_actor']:+.5f} / {loss['loaded_actor']:+.5f}, exported"
+                    f" {','.join(ckpt['exported_dtypes'])} max|Δlogp| fp32"
+                    f" {ckpt['exported_vs_saved_log_probs']['hf_fp32']['max_abs']:.2e}",
+                )
+            )
         for dtype, eng in res.get("hf_engine", {}).items():
             if "error" in eng:
                 rows.append((f"{size} HFEngine {dtype}", f"ERROR {eng['error'][:80]}"))
@@ -940,6 +1058,15 @@ def main() -> None:
         fsdp = fsdp_checks(path, device, precisions, args.steps, args.lr)
         trained = fsdp.pop("_trained_fp32_state")
         entry["fsdp"] = fsdp
+        save()
+        print(f"== {size}: checkpoint round trip ({precisions[-1]})", flush=True)
+        try:
+            entry["checkpoint"] = checkpoint_check(
+                path, device, precisions[-1], args.lr, workdir / size
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            entry["checkpoint"] = {"error": error_text(exc)}
         entry["hf_engine"] = {}
         save()
         for dtype in engine_dtypes:

@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,11 @@ INSTRUCTION = (
     "You can run Python with the code_interpreter tool. Put the final answer in \\boxed{}."
 )
 TEMPERATURE = 0.8
+LOOP_TIMEOUT_S = 86400.0
+"""An evaluation measures answers, not latency: up to 256 loops share one engine that
+decodes ~95 tokens/s here; under the recipe's 900 s limit 100 of the 1024 sampled
+episodes of the first baseline pass failed, counted wrong (their errors were not kept
+then; the limit is the likely cause: no dev pass of 128 episodes lost one)."""
 GOAL_GAIN = 0.10
 GOAL_SE = 4.0
 
@@ -156,6 +161,10 @@ def summarize_episodes(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "problems": len(accuracy),
         "episodes": len(rows),
         "failed_episodes": sum(1 for row in rows if row.get("error")),
+        # Why they failed: each error's first clause (the rest names the episode).
+        "failure_kinds": dict(
+            Counter(row["error"].split(":")[0] for row in rows if row.get("error"))
+        ),
         "generated_tokens": tokens,
     }
 
@@ -189,12 +198,19 @@ class Stages:
         self.restart = restart
         self.task = progress.add_task("stages", total=None)
 
-    def cached(self, name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """``measure()``'s result, read back if this commit measured it already."""
+    def cached(
+        self,
+        name: str,
+        measure: Callable[[], dict[str, Any]],
+        still_valid: Callable[[dict[str, Any]], bool] = lambda result: True,
+    ) -> dict[str, Any]:
+        """``measure()``'s result, read back if the same measured code measured it
+        already and ``still_valid`` accepts it (this script's settings may have moved on)."""
         path = WORK / "results" / f"{name}.json"
         if path.exists() and not self.restart:
             record = json.loads(path.read_text())
-            if same_measured_code(record.get("commit"), self.commit):
+            fresh = same_measured_code(record.get("commit"), self.commit)
+            if fresh and still_valid(record["result"]):
                 self.progress.console.print(f"[dim]{name}: measured already, read back")
                 self.progress.advance(self.task)
                 return record["result"]
@@ -277,9 +293,11 @@ def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> 
 def evaluate(
     stages: Stages, name: str, model: Path, split: Path, samples: int, temperature: float
 ) -> dict[str, Any]:
-    """``agentrl rollout`` of ``model`` over ``split``: its summary."""
+    """``agentrl rollout`` of ``model`` over ``split``: its summary (the episodes stay in
+    ``WORK/episodes/<name>.jsonl``)."""
+    out = WORK / "episodes" / f"{name}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "episodes.jsonl"
         # Nothing else runs during an evaluation: both cores go to the engine.
         env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
         stages.run(
@@ -296,30 +314,40 @@ def evaluate(
                 f"model.path={model}",
                 f"rollout.n={samples}",
                 f"rollout.temperature={temperature}",
+                f"rollout.loop_timeout_s={LOOP_TIMEOUT_S:g}",
                 f"trainer.run_dir={tmp}/run",
             ],
             env=env,
         )
         rows = [json.loads(line) for line in out.read_text().splitlines()]
-    return summarize_episodes(rows) | {"samples": samples, "temperature": temperature}
+    settings = {"samples": samples, "temperature": temperature, "loop_timeout_s": LOOP_TIMEOUT_S}
+    return summarize_episodes(rows) | settings
 
 
-def evaluate_both(
-    stages: Stages, name: str, model: Path, split: Path, samples: int, greedy: bool = True
+def same_time_limit(result: dict[str, Any]) -> bool:
+    """Whether an evaluation's episodes ran under ``LOOP_TIMEOUT_S``, or none failed (a
+    longer limit changes only the episodes that hit the shorter one)."""
+    return result.get("loop_timeout_s") == LOOP_TIMEOUT_S or result["failed_episodes"] == 0
+
+
+def sampled_result(
+    stages: Stages, name: str, model: Path, split: Path, samples: int
 ) -> dict[str, Any]:
-    """Sampled (``samples`` answers per problem) and, with ``greedy``, greedy (one per
-    problem) results."""
-    results = {
-        "sampled": stages.cached(
-            f"{name}_sampled",
-            lambda: evaluate(stages, f"{name}_sampled", model, split, samples, TEMPERATURE),
-        )
-    }
-    if greedy:
-        results["greedy"] = stages.cached(
-            f"{name}_greedy", lambda: evaluate(stages, f"{name}_greedy", model, split, 1, 0.0)
-        )
-    return results
+    """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``)."""
+    stage = f"{name}_sampled"
+    return stages.cached(
+        stage,
+        lambda: evaluate(stages, stage, model, split, samples, TEMPERATURE),
+        same_time_limit,
+    )
+
+
+def greedy_result(stages: Stages, name: str, model: Path, split: Path) -> dict[str, Any]:
+    """One greedy answer per problem (stage ``<name>_greedy``)."""
+    stage = f"{name}_greedy"
+    return stages.cached(
+        stage, lambda: evaluate(stages, stage, model, split, 1, 0.0), same_time_limit
+    )
 
 
 def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
@@ -386,10 +414,12 @@ def best_of(grid: dict[str, dict[str, Any]]) -> str:
 
 
 def seed_row(seed: int, rl: dict, baseline: dict, train_minutes: float) -> dict[str, Any]:
-    """One seed: RL on test, its gains over the baseline, and its minutes."""
+    """One seed: RL on test, its gains over the baseline, and its minutes (greedy
+    ``None`` until both greedy passes are measured)."""
     sampled = gain(rl["sampled"], baseline["sampled"])
-    greedy = gain(rl["greedy"], baseline["greedy"])
-    eval_minutes = rl["greedy"]["minutes"] + rl["sampled"]["minutes"]
+    measured = "greedy" in rl and "greedy" in baseline
+    greedy = gain(rl["greedy"], baseline["greedy"]) if measured else {"gain": None, "se": None}
+    eval_minutes = sum(result["minutes"] for result in rl.values())
     return {
         "seed": seed,
         "rl": rl,
@@ -438,7 +468,7 @@ def report(payload: dict[str, Any]) -> None:
     baseline = payload["best_cold_start"]["test"]
     table.add_row(
         f"cold start {payload['best_cold_start']['direct_fraction']}",
-        cell(baseline["greedy"]),
+        cell(baseline["greedy"]) if "greedy" in baseline else "-",
         cell(baseline["sampled"]),
         "",
         cell(baseline["sampled"], "tool_use"),
@@ -448,7 +478,7 @@ def report(payload: dict[str, Any]) -> None:
     for row in payload["seeds"]:
         table.add_row(
             f"RL seed {row['seed']}",
-            cell(row["rl"]["greedy"]),
+            cell(row["rl"]["greedy"]) if "greedy" in row["rl"] else "-",
             cell(row["rl"]["sampled"]),
             f"{row['sampled_gain']:+.3f} ({row['sampled_gain_in_se']:.1f})",
             cell(row["rl"]["sampled"], "tool_use"),
@@ -462,7 +492,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8, help="RL steps per seed")
-    parser.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.65])
+    parser.add_argument("--grid", type=float, nargs="+", default=[0.0, 0.5, 0.65])
     parser.add_argument("--dev", type=int, default=128, help="dev problems")
     parser.add_argument("--test", type=int, default=256, help="test problems")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per problem")
@@ -484,17 +514,22 @@ def main() -> None:
         grid = {}
         for fraction in args.grid:
             cold_start = train_cold_start(stages, fraction, data)
-            grid[f"{fraction:g}"] = evaluate_both(
-                stages,
-                f"dev_cold_start_{fraction:g}",
-                cold_start,
-                data["dev"],
-                args.dev_samples,
-                greedy=args.dev_greedy,
-            )
+            name = f"dev_cold_start_{fraction:g}"
+            grid[f"{fraction:g}"] = {
+                "sampled": sampled_result(stages, name, cold_start, data["dev"], args.dev_samples)
+            }
+            if args.dev_greedy:
+                grid[f"{fraction:g}"]["greedy"] = greedy_result(
+                    stages, name, cold_start, data["dev"]
+                )
         best = best_of(grid)
         best_path = WORK / f"cold-start-{best}"
-        baseline = evaluate_both(stages, "test_cold_start", best_path, data["test"], args.samples)
+        test = data["test"]
+        # Sampled accuracy first, on both sides: it is the goal's measure, and greedy
+        # passes come after, so an interrupted bench has measured what matters most.
+        baseline = {
+            "sampled": sampled_result(stages, "test_cold_start", best_path, test, args.samples)
+        }
         payload: dict[str, Any] = {
             "benchmark": "retool_vs_cold_start",
             **started,
@@ -509,10 +544,13 @@ def main() -> None:
                     "policy": str(train_rl(stages, seed, best_path, data, args.steps))
                 },
             )
-            rl = evaluate_both(
-                stages, f"test_rl_seed{seed}", Path(trained["policy"]), data["test"], args.samples
-            )
+            name, policy = f"test_rl_seed{seed}", Path(trained["policy"])
+            rl = {"sampled": sampled_result(stages, name, policy, test, args.samples)}
             payload["seeds"].append(seed_row(seed, rl, baseline, trained["minutes"]))
+            write(payload)
+            baseline["greedy"] = greedy_result(stages, "test_cold_start", best_path, test)
+            rl["greedy"] = greedy_result(stages, name, policy, test)
+            payload["seeds"][-1] = seed_row(seed, rl, baseline, trained["minutes"])
             write(payload)
     report(payload)
     Console().print(f"wrote {RESULTS}")
@@ -523,15 +561,16 @@ def write(payload: dict[str, Any]) -> None:
     rows = payload["seeds"]
     gains = [row["sampled_gain"] for row in rows]
     in_se = [row["sampled_gain_in_se"] for row in rows]
-    greedy = [row["greedy_change"] for row in rows]
+    greedy = [row["greedy_change"] for row in rows if row["greedy_change"] is not None]
     payload |= {
         "min_gain_over_best_cold_start": min(gains),
         "min_gain_in_se": min(in_se),
-        "min_greedy_change": min(greedy),
+        "min_greedy_change": min(greedy, default=None),
         "max_minutes": max(row["minutes"] for row in rows),
         "goal": f"sampled gain >= {GOAL_GAIN} and >= {GOAL_SE} SE in every seed, "
         "greedy accuracy no lower",
         "goal_met": len(rows) >= 3
+        and len(greedy) == len(rows)
         and min(gains) >= GOAL_GAIN
         and min(in_se) >= GOAL_SE
         and min(greedy) >= 0,

@@ -50,13 +50,14 @@ def test_accuracy_is_the_mean_of_problem_means_with_their_standard_error(bench):
 def test_a_failed_episode_counts_as_wrong_and_failed_calls_are_a_share_of_all_calls(bench):
     rows = [
         episode(0, 1.0, calls=2, ok=1),
-        episode(0, 0.0, error="tool crashed", calls=1, ok=0),
+        episode(0, 0.0, error="agent-loop worker failed: RayTaskError: boom", calls=1, ok=0),
         episode(1, 1.0, calls=0, ok=0),
         episode(1, 0.0, calls=1, ok=1),
     ]
     result = bench.summarize_episodes(rows)
     assert result["accuracy"] == pytest.approx(0.5)
     assert result["failed_episodes"] == 1
+    assert result["failure_kinds"] == {"agent-loop worker failed": 1}
     assert result["tool_use"] == pytest.approx((1.0 + 0.5) / 2)
     # 2 failed of 4 calls.
     assert result["failed_call_rate"] == pytest.approx(0.5)
@@ -104,3 +105,26 @@ def test_the_goal_needs_three_seeds_each_gaining_enough(bench, tmp_path, monkeyp
     payload["seeds"][2] = bench.seed_row(2, rl(0.35), baseline, 15.0)
     bench.write(payload)
     assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is False
+
+
+def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_goal(
+    bench, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "result.json")
+    baseline = {"sampled": {"accuracy": 0.30, "accuracy_se": 0.02}}
+    rl = {"sampled": {"accuracy": 0.60, "accuracy_se": 0.02, "minutes": 20.0}}
+    payload = {"seeds": [bench.seed_row(s, rl, baseline, 15.0) for s in range(3)]}
+    bench.write(payload)
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["seeds"][0]["greedy_change"] is None
+    assert written["min_greedy_change"] is None
+    assert written["max_minutes"] == pytest.approx(35.0)
+    assert written["goal_met"] is False  # greedy not measured: "no lower" unproven
+
+
+def test_an_evaluation_under_another_time_limit_is_kept_only_if_no_episode_failed(bench):
+    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0}
+    assert bench.same_time_limit(ran_under_old_limit)
+    assert not bench.same_time_limit(ran_under_old_limit | {"failed_episodes": 100})
+    assert not bench.same_time_limit({"failed_episodes": 3})  # recorded no limit
+    assert bench.same_time_limit({"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 3})
