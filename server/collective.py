@@ -187,7 +187,12 @@ class BroadcastGroup:
         opts.rootRank = 0
         opts.rootTensor = 0
         work = self._pg.broadcast([tensor], opts)
-        work.wait()
+        try:
+            work.wait()
+        finally:
+            # A failed wait's traceback would keep the work, and through it the group's
+            # connections, alive after close().
+            del work
         if self.spec.backend == "nccl":
             torch.cuda.current_stream(self.device).synchronize()
 
@@ -208,6 +213,9 @@ class BroadcastGroup:
         return unpack(buffer, plan)
 
     def close(self) -> None:
+        """Leave the group. A gloo group's connections close when its last reference goes
+        (``broadcast`` keeps none past a failure), so a member still waiting in a
+        broadcast from this rank gets an error at once instead of waiting ``timeout_s``."""
         pg, self._pg, self._store = self._pg, None, None
         if pg is not None and self.spec.backend == "nccl":
             try:

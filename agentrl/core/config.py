@@ -101,6 +101,13 @@ class WeightSyncConfig(Section):
         description="nccl/gloo: limit of one bucket broadcast, which also waits for every "
         "replica to pause (pause_mode=wait waits for running requests).",
     )
+    push_attempts: int = Field(
+        3,
+        ge=1,
+        description="nccl/gloo: a push that fails (a replica died during it, which breaks the "
+        "broadcast for every member) is tried again with a group of the replicas that answer "
+        "then, up to this many attempts in all. object_store leaves a dead replica out.",
+    )
 
 
 LEGACY_WEIGHT_SYNC_KEYS = {

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +61,10 @@ if TYPE_CHECKING:
     from agentrl.server.client import ControlClient
 
 logger = logging.getLogger(__name__)
+
+RETRY_DELAY_S = 5.0
+"""Seconds before a failed push's second attempt (doubled before the third, and so on):
+time for Serve to notice a replica that died during it."""
 
 # -- sender --------------------------------------------------------------------------------
 
@@ -261,6 +265,7 @@ class CollectiveBroadcastSync(WeightSync):
         pause_mode: PauseMode | str = PauseMode.KEEP,
         join_timeout_s: float = 60.0,
         timeout_s: float = 600.0,
+        push_attempts: int = 3,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown collective backend {backend!r}; use one of {BACKENDS}")
@@ -270,27 +275,63 @@ class CollectiveBroadcastSync(WeightSync):
         self._pause_mode = PauseMode(pause_mode)
         self._join_timeout_s = join_timeout_s
         self._timeout_s = timeout_s
+        self._push_attempts = push_attempts
         self._local = LocalSender()
         self._sender: BroadcastSender | None = None
         self._group: _Group | None = None
         self._checked_plans: list[Any] | None = None
 
     async def push(self, named_tensors: Iterable[NamedTensor], version: int) -> SyncTimings:
-        start = time.perf_counter()
-        group = await self._ensure_group(self._local)
-        buckets = bucketize(cast_floats(named_tensors, group.dtype), self._bucket_bytes)
-        plans = await asyncio.to_thread(self._local.root.stage, buckets)
-        return await self._transfer(group, plans, version, start)
+        tensors = list(named_tensors)  # a failed attempt sends them again
+
+        async def attempt() -> SyncTimings:
+            start = time.perf_counter()
+            group = await self._ensure_group(self._local)
+            buckets = bucketize(cast_floats(tensors, group.dtype), self._bucket_bytes)
+            plans = await asyncio.to_thread(self._local.root.stage, buckets)
+            return await self._transfer(group, plans, version, start)
+
+        return await self._retrying(attempt, version)
 
     async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
         """Push from ``source``'s own rank 0 when it can be one, else gather here first."""
         if not hasattr(source, "weight_sender"):
             return await super().push_from(source, version)
         broadcast_source: BroadcastSource = source  # type: ignore[assignment]
-        start = time.perf_counter()
-        group = await self._ensure_group(broadcast_source.weight_sender())
-        plans = await broadcast_source.stage_weight_broadcast(group.dtype, self._bucket_bytes)
-        return await self._transfer(group, plans, version, start)
+
+        async def attempt() -> SyncTimings:
+            start = time.perf_counter()
+            group = await self._ensure_group(broadcast_source.weight_sender())
+            plans = await broadcast_source.stage_weight_broadcast(group.dtype, self._bucket_bytes)
+            return await self._transfer(group, plans, version, start)
+
+        return await self._retrying(attempt, version)
+
+    async def _retrying(
+        self, attempt: Callable[[], Awaitable[SyncTimings]], version: int
+    ) -> SyncTimings:
+        """Run ``attempt`` up to ``push_attempts`` times. A replica that dies during a push
+        fails it for every member of the group; the next attempt forms a new group with
+        the replicas that answer then (Serve restarts the dead one, and the trainer
+        catches it up once it runs: ``Trainer.keep_replicas_current``)."""
+        for number in range(1, self._push_attempts + 1):
+            try:
+                return await attempt()
+            except Exception as error:
+                if number == self._push_attempts:
+                    raise
+                delay = RETRY_DELAY_S * number
+                logger.warning(
+                    "weight push of version %d failed (attempt %d of %d): %s; trying again "
+                    "in %.0f s with the replicas that answer then",
+                    version,
+                    number,
+                    self._push_attempts,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def close(self) -> None:
         """Leave the group on every replica and close rank 0's side."""
@@ -390,22 +431,40 @@ class CollectiveBroadcastSync(WeightSync):
         return await self._control.prepare_weights(self.receiver, step, *args)
 
     async def _all_or_drop_group(self, awaitables: list, failure: str) -> list:
-        """Await all of ``awaitables``; if any failed, drop the group and raise
-        ``CollectiveSyncError`` with ``failure`` followed by every error."""
-        results = await asyncio.gather(*awaitables, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self._drop_group()
-            raise CollectiveSyncError(
-                failure + "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-            ) from errors[0]
-        return results
+        """Await all of ``awaitables``. At the first failure the group is dropped at once:
+        closing rank 0's side ends the waits of the members still in a collective, which
+        would otherwise last until ``timeout_s``. Then (the rest given ``join_timeout_s``
+        to end) raise ``CollectiveSyncError`` with ``failure`` followed by every error."""
+        tasks = [asyncio.ensure_future(a) for a in awaitables]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        if not any(t.done() and not t.cancelled() and t.exception() for t in tasks):
+            return [t.result() for t in tasks]
+        await self._drop_group()
+        pending = [t for t in tasks if not t.done()]
+        if pending:
+            _, unfinished = await asyncio.wait(pending, timeout=self._join_timeout_s)
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+        errors: list[BaseException] = []
+        for task in tasks:
+            if task.cancelled():
+                errors.append(TimeoutError("still running long after the group was dropped"))
+            elif task.exception() is not None:
+                errors.append(task.exception())  # type: ignore[arg-type]
+        raise CollectiveSyncError(
+            failure + "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+        ) from errors[0]
 
     async def _drop_group(self) -> None:
         self._group = None
         sender, self._sender = self._sender, None
-        if sender is not None:
-            await sender.close()
+        if sender is None:
+            return
+        try:  # rank 0 may itself be stuck in a broadcast to a dead member
+            await asyncio.wait_for(sender.close(), self._join_timeout_s)
+        except Exception as exc:
+            logger.warning("closing rank 0 of the weight-broadcast group: %r", exc)
 
 
 class NCCLBroadcastSync(CollectiveBroadcastSync):
@@ -424,6 +483,7 @@ def make_sender(config: WeightSyncConfig, control: ControlClient) -> CollectiveB
         pause_mode=config.pause_mode,
         join_timeout_s=config.join_timeout_s,
         timeout_s=config.timeout_s,
+        push_attempts=config.push_attempts,
     )
 
 
