@@ -9,7 +9,9 @@ cheaper shapes of some: 1 replica, loops without tools):
 
 - ``tests/integration/test_async_faults.py``: during an async run (η = 1) an agent-loop
   worker or a rollout replica (of 2) is killed mid-step; a replica is
-  killed while a weight push holds it paused (between pause and resume); sandboxed
+  killed while a weight push holds it paused (between pause and resume); a replica and
+  its engine process are killed during the main job's push (staged swap, gloo broadcast
+  from the actor's rank 0: the push is tried again with the replica left); sandboxed
   code-interpreter processes hang past their wall-clock limit and one is killed; an FSDP
   rank is killed (the run stops with a clear error and resumes from its checkpoint); the
   run is stopped and resumed;

