@@ -24,7 +24,6 @@ from torch import Tensor
 
 from agentrl.placement import TrainerPlacementConfig, place_ranks
 from agentrl.server.weight_transport.base import DEFAULT_BUCKET_BYTES
-from agentrl.server.weight_transport.broadcast import BroadcastSender, RankZeroSender
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import (
     Batch,
@@ -246,13 +245,20 @@ class ActorGroup(ReferenceGroup):
         for bucket in self.iter_weight_buckets(bucket_bytes):
             yield from bucket
 
-    def weight_sender(self) -> BroadcastSender:
-        """Rank 0 as the root of a weight-broadcast group (``CollectiveBroadcastSync``)."""
-        return RankZeroSender(self.actors[0])
+    # -- RankZeroSource: rank 0 as a weight transport's sender --------------------------
 
-    async def stage_weight_broadcast(self, dtype: str | None, bucket_bytes: int) -> list[Any]:
-        """Gather the weights on rank 0 for ``weight_sender().send()``; the bucket plans."""
-        return (await asyncio.to_thread(self.call, "broadcast_stage", dtype, bucket_bytes))[0]
+    @property
+    def root_key(self) -> str:
+        return f"actor-rank0:{self.actors[0]._actor_id.hex()}"
+
+    async def call_root(self, transport: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of ``transport``'s root on rank 0 (``ActorWorker.call_root``)."""
+        return await self.actors[0].call_root.remote(transport, method, *args)
+
+    async def stage_on_root(self, transport: str, dtype: str | None, bucket_bytes: int) -> Any:
+        """Gather the weights and stage them on rank 0's root of ``transport``."""
+        staged = await asyncio.to_thread(self.call, "stage_on_root", transport, dtype, bucket_bytes)
+        return staged[0]
 
 
 class CriticGroup(WorkerGroup):

@@ -129,6 +129,29 @@ class WeightSource(Protocol):
         ...
 
 
+class RankZeroSource(WeightSource, Protocol):
+    """A weight source whose rank 0 can be a transport's sender itself (``ActorGroup``:
+    the FSDP actor's rank 0), so the weights leave from where they are gathered.
+
+    Rank 0 holds one root per transport: an instance of the ``RANK_ROOT`` class of the
+    transport's module (``broadcast.BroadcastRoot``), created on first use; a transport
+    drives it with ``call_root`` and hands it the gathered weights with ``stage_on_root``.
+    """
+
+    root_key: str
+    """Identifies rank 0 (a different one means a new group, for instance)."""
+
+    async def call_root(self, transport: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of ``transport``'s root on rank 0; its result."""
+        ...
+
+    async def stage_on_root(self, transport: str, dtype: str | None, bucket_bytes: int) -> Any:
+        """Gather the full weights (every rank) and give them to ``transport``'s root on
+        rank 0 as buckets of about ``bucket_bytes`` (``root.stage(buckets, dtype)``);
+        what ``stage`` returns."""
+        ...
+
+
 class WeightSync(ABC):
     """A transport's sender: pushes weights to the rollout replicas; one per trainer."""
 

@@ -27,7 +27,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +47,7 @@ from agentrl.server.engine import RolloutEngine, WeightWorkers, WorkerWeights
 from agentrl.server.weight_transport.base import (
     DEFAULT_BUCKET_BYTES,
     NamedTensor,
+    RankZeroSource,
     SyncTimings,
     WeightReceiver,
     WeightSource,
@@ -56,12 +57,12 @@ from agentrl.server.weight_transport.base import (
 )
 
 if TYPE_CHECKING:
-    import ray.actor
-
     from agentrl.server.client import ControlClient
 
 logger = logging.getLogger(__name__)
 
+TRANSPORT = "broadcast"
+"""This transport's name: its receivers' kind and its root's key on a source's rank 0."""
 RETRY_DELAY_S = 5.0
 """Seconds before a failed push's second attempt (doubled before the third, and so on):
 time for Serve to notice a replica that died during it."""
@@ -82,7 +83,8 @@ class BroadcastRoot:
     """Rank 0 of a weight-broadcast group, in the process that holds the full weights.
 
     Synchronous; ``LocalSender`` runs one in the trainer's process, the FSDP actor's
-    rank 0 runs one in its Ray actor (``ActorWorker.broadcast_*``). Order of calls:
+    rank 0 runs one in its Ray actor (``RANK_ROOT``, driven by ``RankZeroSender``
+    through ``ActorWorker.call_root``). Order of calls:
     ``host`` → ``connect`` (blocks until every rank joined) → per push ``stage`` →
     ``send``; ``close`` at the end or after a failure.
     """
@@ -139,6 +141,10 @@ class BroadcastRoot:
             group.close()
 
 
+RANK_ROOT = BroadcastRoot
+"""What a ``RankZeroSource`` runs on its rank 0 for this transport (``call_root``)."""
+
+
 class BroadcastSender(ABC):
     """Async handle on a ``BroadcastRoot``, wherever it lives."""
 
@@ -186,41 +192,31 @@ class LocalSender(BroadcastSender):
 
 
 class RankZeroSender(BroadcastSender):
-    """``BroadcastSender`` calling the ``BroadcastRoot`` inside an actor's rank 0
-    (``ActorWorker.broadcast_*``)."""
+    """``BroadcastSender`` driving the ``BroadcastRoot`` on a source's rank 0
+    (``RankZeroSource.call_root``)."""
 
-    def __init__(self, actor: ray.actor.ActorHandle) -> None:
-        self._actor = actor
-        self.key = f"actor-rank0:{actor._actor_id.hex()}"
+    def __init__(self, source: RankZeroSource) -> None:
+        self._source = source
+        self.key = source.root_key
 
     async def host(
         self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
     ) -> dict[str, Any]:
-        return await self._actor.broadcast_host.remote(
-            backend, world_size, group_id, join_timeout_s, timeout_s
+        return await self._source.call_root(
+            TRANSPORT, "host", backend, world_size, group_id, join_timeout_s, timeout_s
         )
 
     async def connect(self) -> None:
-        await self._actor.broadcast_connect.remote()
+        await self._source.call_root(TRANSPORT, "connect")
 
     async def send(self) -> None:
-        await self._actor.broadcast_send.remote()
+        await self._source.call_root(TRANSPORT, "send")
 
     async def close(self) -> None:
         from ray.exceptions import RayActorError
 
         with contextlib.suppress(RayActorError):  # gone, and its group with it
-            await self._actor.broadcast_close.remote()
-
-
-class BroadcastSource(WeightSource, Protocol):
-    """A weight source that can be rank 0 itself (``ActorGroup``: its FSDP rank 0)."""
-
-    def weight_sender(self) -> BroadcastSender: ...
-
-    async def stage_weight_broadcast(
-        self, dtype: str | None, bucket_bytes: int
-    ) -> list[list[list[Any]]]: ...
+            await self._source.call_root(TRANSPORT, "close")
 
 
 @dataclass
@@ -255,7 +251,7 @@ class CollectiveBroadcastSync(WeightSync):
     GPU to the engines'. With ``backend="nccl"`` rank 0 needs a CUDA device.
     """
 
-    receiver = "broadcast"
+    receiver = TRANSPORT
 
     def __init__(
         self,
@@ -295,14 +291,14 @@ class CollectiveBroadcastSync(WeightSync):
 
     async def push_from(self, source: WeightSource, version: int) -> SyncTimings:
         """Push from ``source``'s own rank 0 when it can be one, else gather here first."""
-        if not hasattr(source, "weight_sender"):
+        if not hasattr(source, "call_root"):
             return await super().push_from(source, version)
-        broadcast_source: BroadcastSource = source  # type: ignore[assignment]
+        rank_zero: RankZeroSource = source  # type: ignore[assignment]
 
         async def attempt() -> SyncTimings:
             start = time.perf_counter()
-            group = await self._ensure_group(broadcast_source.weight_sender())
-            plans = await broadcast_source.stage_weight_broadcast(group.dtype, self._bucket_bytes)
+            group = await self._ensure_group(RankZeroSender(rank_zero))
+            plans = await rank_zero.stage_on_root(TRANSPORT, group.dtype, self._bucket_bytes)
             return await self._transfer(group, plans, version, start)
 
         return await self._retrying(attempt, version)
@@ -502,7 +498,7 @@ class BroadcastReceiver(WeightReceiver):
     nothing is loaded) and ``leave``. ``swap`` takes ``{"group_id", "plans"}``.
     """
 
-    kind = "broadcast"
+    kind = TRANSPORT
 
     def __init__(self, engine: RolloutEngine, replica_id: str) -> None:
         super().__init__(engine, replica_id)

@@ -258,7 +258,7 @@ async def test_every_worker_of_every_replica_receives_every_tensor(loopback):
 
 
 class _GatheringSource:
-    """A weight source that can only hand its weights over (no ``weight_sender``)."""
+    """A weight source that can only hand its weights over (no ``call_root``)."""
 
     def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         self.weights = weights
