@@ -94,6 +94,34 @@ def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) 
     assert counted >= steps * batch, ledger
 
 
+def _two_replica_run(
+    tiny_checkpoint, tmp, steps: int, *overrides: str
+) -> tuple[object, AsyncTrainer]:
+    """The config and set-up trainer of a replica fault's async run: 2 replicas,
+    multi-turn loops, the bench's run shape, then ``overrides``."""
+    extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2", *overrides]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    return cfg, trainer
+
+
+def _assert_the_replicas_recovered(
+    ledger: Ledger,
+    cfg,
+    steps: int,
+    history: list[dict[str, float]],
+    versions: list[int],
+    version: int,
+) -> None:
+    """A replica fault's run completed with every batch episode trained or counted, both
+    replicas on the last version (the restarted one caught up), staleness within η = 1."""
+    assert ledger.completed
+    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
+    assert versions == [version] * 2
+    assert max(h["async/staleness/max"] for h in history) <= 1
+
+
 async def _fit_and_kill(
     trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]]
 ) -> tuple[list[dict[str, float]], float, float]:
@@ -232,10 +260,7 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
     ledger, optimizer = Ledger("rollout replica killed mid-step"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_replica")
     steps = 4
-    extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2"]
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
-    trainer = AsyncTrainer(cfg)
-    trainer.setup()
+    cfg, trainer = _two_replica_run(tiny_checkpoint, tmp, steps)
     optimizer.attach(trainer)
     try:
         history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
@@ -246,13 +271,10 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
         trainer.shutdown()
     ledger.keep(optimizer, trainer, killed_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
-    assert ledger.completed
-    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     # In-flight turns went to the other replica. Serve restarted the dead one with the
     # initial weights and the trainer gave it the current ones; anything it sampled
     # before that was dropped as stale, never trained.
-    assert versions == [trainer.version] * 2
-    assert max(h["async/staleness/max"] for h in history) <= 1
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
 
 
 @pytest.mark.long_fault
@@ -267,17 +289,13 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     # while and says so (agentrl.testing.faults, loaded into the replicas as a plugin);
     # the replica that says so first is killed while paused, before it resumes. In place:
     # the receiver loads into the paused engine.
-    extra = [
-        *ASYNC,
-        MULTI_TURN,
-        *run_shape(tmp),
-        "server.num_replicas=2",
+    cfg, trainer = _two_replica_run(
+        tiny_checkpoint,
+        tmp,
+        steps,
         "server.engine.weight_swap=inplace",
         "plugins=[agentrl.testing.faults]",
-    ]
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
-    trainer = AsyncTrainer(cfg)
-    trainer.setup()
+    )
     swap_weights = trainer.client.control.swap_weights
     paused_dir = tmp / "paused"
     paused_dir.mkdir()
@@ -306,10 +324,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         trainer.shutdown()
     ledger.keep(optimizer, trainer, killed[0])
     ledger.record_completed_run(history, steps, trainer, record_property)
-    assert killed and ledger.completed
-    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
-    assert versions == [trainer.version] * 2
-    assert max(h["async/staleness/max"] for h in history) <= 1
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
 
 
 def _kill_process_tree(pid: int) -> None:
@@ -336,18 +351,14 @@ async def test_a_replica_killed_during_a_staged_gloo_push_is_left_out_and_caught
     optimizer = OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_in_gloo_push")
     steps = 4
-    extra = [
-        *ASYNC,
-        MULTI_TURN,
-        *run_shape(tmp),
-        "server.num_replicas=2",
+    cfg, trainer = _two_replica_run(
+        tiny_checkpoint,
+        tmp,
+        steps,
         "server.engine.backend=vllm",
         "server.engine.weight_swap=staged",
         "weight_sync.kind=gloo",
-    ]
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
-    trainer = AsyncTrainer(cfg)
-    trainer.setup()
+    )
     killed: list[float] = []
     attempts: list[int] = []
     send = RankZeroSender.send
@@ -371,11 +382,8 @@ async def test_a_replica_killed_during_a_staged_gloo_push_is_left_out_and_caught
         trainer.shutdown()
     ledger.keep(optimizer, trainer, killed[0])
     ledger.record_completed_run(history, steps, trainer, record_property)
-    assert killed and ledger.completed
     assert attempts.count(2) >= 2, attempts  # version 2 was sent again after the kill
-    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
-    assert versions == [trainer.version] * 2
-    assert max(h["async/staleness/max"] for h in history) <= 1
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
 
 
 def _sandbox_pids() -> list[int]:

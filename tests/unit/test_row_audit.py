@@ -66,8 +66,9 @@ def test_a_row_trained_at_two_steps_is_counted(tmp_path):
     assert counts.rows_trained_twice == 1 and counts.episodes_trained_twice == 0
 
 
-def test_a_resume_rolls_back_what_came_after_its_checkpoint(tmp_path):
-    first_run(tmp_path, killed_after_checkpoint=True).close()
+def resume_and_train_rows_3_and_4_again(tmp_path) -> None:
+    """A run resumed from step 1's checkpoint hands out rows 3 and 4 again and trains them
+    at step 2, which it checkpoints."""
     resumed = RowAudit(tmp_path, resumed_from=1)
     resumed.handed_out(3, "g3b")
     resumed.handed_out(4, "g4b")
@@ -75,6 +76,11 @@ def test_a_resume_rolls_back_what_came_after_its_checkpoint(tmp_path):
     resumed.checkpoint(2, pending=[])
     resumed.saved(2)
     resumed.close()
+
+
+def test_a_resume_rolls_back_what_came_after_its_checkpoint(tmp_path):
+    first_run(tmp_path, killed_after_checkpoint=True).close()
+    resume_and_train_rows_3_and_4_again(tmp_path)
     counts = read_row_audit(tmp_path)
     # Rows 3 and 4 were trained at step 2 before the kill and again after the resume:
     # the first update was rolled back with the weights, so once each.
@@ -140,13 +146,7 @@ def test_a_resume_after_a_torn_last_line_appends_on_a_line_of_its_own(tmp_path):
     first_run(tmp_path, killed_after_checkpoint=True).close()
     with (tmp_path / AUDIT_FILE).open("a") as out:
         out.write('{"event": "out", "ro')  # the driver was killed writing this line
-    resumed = RowAudit(tmp_path, resumed_from=1)
-    resumed.handed_out(3, "g3b")
-    resumed.handed_out(4, "g4b")
-    resumed.trained(2, [3, 4], ["e3b", "e4b"])
-    resumed.checkpoint(2, pending=[])
-    resumed.saved(2)
-    resumed.close()
+    resume_and_train_rows_3_and_4_again(tmp_path)
     counts = read_row_audit(tmp_path)
     assert (counts.starts, counts.resumes) == (2, 1)
     assert counts.rows_trained == 4 and counts.rows_lost == 0 and counts.rows_trained_twice == 0
