@@ -127,4 +127,8 @@ def test_an_evaluation_under_another_time_limit_is_kept_only_if_no_episode_faile
     assert bench.same_time_limit(ran_under_old_limit)
     assert not bench.same_time_limit(ran_under_old_limit | {"failed_episodes": 100})
     assert not bench.same_time_limit({"failed_episodes": 3})  # recorded no limit
-    assert bench.same_time_limit({"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 3})
+    # Episodes under the long episode limit whose generate calls had the 600 s default:
+    no_call_limit = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 15}
+    assert not bench.same_time_limit(no_call_limit)
+    limits = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "request_timeout_s": bench.LOOP_TIMEOUT_S}
+    assert bench.same_time_limit(limits | {"failed_episodes": 3})
