@@ -30,7 +30,7 @@ def join_outputs(first: TokenOutput, second: TokenOutput) -> TokenOutput:
 
 
 class GenerateClient(Protocol):
-    """What a loop needs from the rollout servers (``ServerClient`` implements it)."""
+    """What a loop needs from the rollout servers (``DataClient`` implements it)."""
 
     async def generate(
         self, session_id: str | None, prompt_ids: list[int], sampling: SamplingParams | None = None

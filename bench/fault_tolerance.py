@@ -9,7 +9,9 @@ cheaper shapes of some: 1 replica, loops without tools):
 
 - ``tests/integration/test_async_faults.py``: during an async run (η = 1) an agent-loop
   worker or a rollout replica (of 2) is killed mid-step; a replica is
-  killed while a weight push holds it paused (between pause and resume); sandboxed
+  killed while a weight push holds it paused (between pause and resume); a replica and
+  its engine process are killed during the main job's push (staged swap, gloo broadcast
+  from the actor's rank 0: the push is tried again with the replica left); sandboxed
   code-interpreter processes hang past their wall-clock limit and one is killed; an FSDP
   rank is killed (the run stops with a clear error and resumes from its checkpoint); the
   run is stopped and resumed;
@@ -26,11 +28,13 @@ Per fault: whether it completed (or stopped with a clear error and resumed from 
 checkpoint), the time from the fault to the end of the run (or to the stop), the time
 from the fault to the first actor update after it (where the test keeps the independent
 ledger), episodes generated / trained / failed / retried / dropped as stale, and rows
-(or sessions) lost or trained twice (each must be 0). The independent ledger
+(or sessions) lost or trained twice (each must be 0), counted three ways: by the
+trainer's own bookkeeping; by the independent in-process ledger
 (``fault_ledger.OptimizerLedger``: rows handed out against rows whose episodes reached
-the optimizer) is kept by every fault of ``test_async_faults.py`` and
-``test_node_loss.py``; not by the driver kill (the run is another process) or the
-gateway outage (sessions, not rows).
+the optimizer), kept by every fault of ``test_async_faults.py`` and ``test_node_loss.py``;
+and by the run directory's audit (``agentrl.trainer.audit``: ``audit.jsonl`` replayed
+after the run, resumes rolled back to their checkpoint), read by those and by the driver
+kill. The gateway outage counts sessions, not rows.
 A fault "survived" when its run completed, or stopped at once with a clear error and
 resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
@@ -88,7 +92,7 @@ MEASURED = [
     "agentrl/testing/faults.py",
     "agentrl/testing/loops.py",
     "agentrl/trainer",
-    "agentrl/weight_sync.py",
+    "server/weight_transport",
     "server",
     "tests/integration/fault_ledger.py",
     "tests/integration/test_async_faults.py",
@@ -176,6 +180,7 @@ def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     summary = []
     for test, records in by_test.items():
         optimizers = [r["optimizer"] for r in records if r.get("optimizer")]
+        audits = [r["audit"] for r in records if r.get("audit")]
         summary.append(
             {
                 "fault": records[0]["fault"],
@@ -196,9 +201,16 @@ def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "optimizer_rows_trained_twice": sum(o["rows_trained_twice"] for o in optimizers)
                 if optimizers
                 else None,
+                **_audit_sums(audits),
             }
         )
     return summary
+
+
+def _audit_sums(audits: list[dict[str, int]]) -> dict[str, int | None]:
+    """The run-directory audits' lost and twice-trained rows, summed (None: none read)."""
+    keys = ("rows_lost", "rows_trained_twice", "episodes_trained_twice")
+    return {f"audit_{key}": sum(a[key] for a in audits) if audits else None for key in keys}
 
 
 def _outcome(fault: dict[str, Any]) -> str:
@@ -255,7 +267,7 @@ def main() -> None:
     )
     columns = ("fault", "survived", "outcome", "s to recover/stop", "s to first trained step")
     for col in (*columns, "generated / trained / failed / retried / stale", "lost", "dup",
-                "optimizer lost/twice"):  # fmt: skip
+                "optimizer lost/twice", "audit lost/twice"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("fault", "outcome") else "right")
     for f in summary:
         optimizer = (
@@ -273,6 +285,9 @@ def main() -> None:
             str(f["rows_lost"]),
             str(f["rows_duplicated"]),
             optimizer,
+            ""
+            if f["audit_rows_lost"] is None
+            else f"{f['audit_rows_lost']}/{f['audit_rows_trained_twice']}",
         )
     Console(width=160).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

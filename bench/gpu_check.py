@@ -16,9 +16,8 @@ measured:
    fp32-trained ones (relative to the fp32 update), and peak GPU memory. A third,
    log-prob-only run uses ``attn_implementation=sdpa`` (one masked SDPA per pack).
    The Ray actor group is not used (Ray is not on the GPU machine): the worker class is
-   driven directly, as ``WorkerGroup`` would on one rank. Where ``agentrl.weight_sync``
-   cannot be imported (it imports Ray), a stub stands in for the two names
-   ``fsdp_worker`` imports from it; the weight-broadcast methods are not exercised.
+   driven directly, as ``WorkerGroup`` would on one rank; the weight-broadcast methods are
+   not exercised.
 2. **HFEngine** (``agentrl.server.hf_engine``, fp32 and bf16), as it is, on the device
    given by ``engine.hf_device`` (``--device``): a batch of greedy
    requests of the same length (tokens/s; logprobs against a plain transformers forward
@@ -70,7 +69,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -123,28 +121,12 @@ def masked_stats(diff: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     return {"max_abs": float(values.max()), "mean_abs": float(values.mean())}
 
 
-_STUBBED: list[str] = []  # why agentrl.weight_sync was stubbed, once it was
-
-
-def import_actor_worker() -> tuple[type, str | None]:
-    """``ActorWorker``; where ``agentrl.weight_sync`` does not import (no Ray), a stub of the
-    two names ``fsdp_worker`` takes from it is installed first. Returns (class, why stubbed)."""
-    try:
-        import agentrl.weight_sync  # noqa: F401
-    except ImportError as exc:
-        why = error_text(exc)
-        _STUBBED.append(why)
-
-        def unavailable(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(f"agentrl.weight_sync is stubbed in bench/gpu_check.py ({why})")
-
-        stub = types.ModuleType("agentrl.weight_sync")
-        stub.BroadcastRoot = unavailable  # type: ignore[attr-defined]
-        stub.bucketize = unavailable  # type: ignore[attr-defined]
-        sys.modules["agentrl.weight_sync"] = stub
+def import_actor_worker() -> type:
+    """``ActorWorker``, imported where it is used: it loads no Ray (not on the GPU machine),
+    nor does the weight transport it takes the broadcast root from."""
     from agentrl.trainer.fsdp_worker import ActorWorker
 
-    return ActorWorker, _STUBBED[0] if _STUBBED else None
+    return ActorWorker
 
 
 def make_batch(vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -220,7 +202,7 @@ def new_actor(path: str, *, param_dtype: str, attn: str, lr: float, total_steps:
     """An ``ActorWorker`` of world size 1, set up (its own process group)."""
     from agentrl.trainer.config import ActorConfig, FSDPConfig, OptimConfig
 
-    actor_worker, _ = import_actor_worker()
+    actor_worker = import_actor_worker()
     config = ActorConfig(
         world_size=1,
         mini_batch_size=ROWS // 2,  # two optimizer steps per update call
@@ -402,8 +384,6 @@ def fsdp_checks(
         "lr": lr,
         "loss": "make_actor_loss(AlgorithmConfig()): vanilla PPO clip 0.2, token-mean",
     }
-    _, why = import_actor_worker()
-    result["weight_sync_stubbed"] = why
 
     initial = {  # on the host, where full_state_dict puts the trained weights
         k: v.float().cpu() for k, v in load_hf(path, torch.float32, device).state_dict().items()
@@ -793,7 +773,7 @@ def memory_probe(
     actor_cfg = actor_cfg.model_copy(update={"world_size": 1, "max_tokens_per_micro_batch": budget})
     shape = QWEN25_TINY if tiny else QWEN25_15B
     model_config = Qwen2Config(**shape)
-    actor_worker, stubbed = import_actor_worker()
+    actor_worker = import_actor_worker()
 
     class ProbeActor(actor_worker):  # type: ignore[misc, valid-type]
         """The real worker; only the weights are random (from ``model_config``) rather
@@ -831,7 +811,6 @@ def memory_probe(
             "loss_tokens": int(batch["response_mask"].sum()),
         },
         "load_config_failed": why,
-        "weight_sync_stubbed": stubbed,
         "units": "GB = 1e9 bytes; max_* are the peaks of each phase alone",
     }
     worker = ProbeActor(actor_cfg, "random-init", rank=0, world_size=1, total_training_steps=10)

@@ -57,6 +57,8 @@ MEASURED = [
     "server/launch.py",
     "server/routing.py",
     "server/vllm_engine.py",
+    "server/vllm_args.py",
+    "server/vllm_weights.py",
 ]
 ROUTERS = ("affinity", "default", "round_robin")
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
@@ -108,7 +110,7 @@ async def _session(
     previous = 0
     for turn in range(turns):
         start = time.perf_counter()
-        out = await client.generate(sid, prompt, sampling)
+        out = await client.data.generate(sid, prompt, sampling)
         tally.latencies_ms.append((time.perf_counter() - start) * 1000)
         tally.tokens += len(prompt) + len(out.token_ids)
         tally.replicas[out.replica_id] = tally.replicas.get(out.replica_id, 0) + 1
@@ -130,7 +132,7 @@ async def _workload(client: ServerClient, tokenizer, args: argparse.Namespace) -
     )
     prompts = [_preamble(tokenizer, i, args.preamble_words) for i in range(args.sessions)]
     tally = _Tally()
-    await client.reset_prefix_cache()
+    await client.control.reset_prefix_cache()
     start = time.perf_counter()
     await asyncio.gather(
         *(
@@ -177,7 +179,7 @@ def _run_router(policy: str, args: argparse.Namespace, tokenizer) -> RouterResul
 async def _warm_up(client: ServerClient, tokenizer) -> None:
     ids = tokenizer.encode("warm up", add_special_tokens=False)
     await asyncio.gather(
-        *(client.generate(f"warm-{i}", ids, SamplingParams(max_tokens=2)) for i in range(4))
+        *(client.data.generate(f"warm-{i}", ids, SamplingParams(max_tokens=2)) for i in range(4))
     )
 
 

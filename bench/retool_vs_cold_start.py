@@ -84,7 +84,7 @@ MEASURED = [
     "agentrl/reward",
     "agentrl/rollout",
     "agentrl/trainer",
-    "agentrl/weight_sync.py",
+    "server/weight_transport",
     "recipes/retool",
     "server",
     "tools",

@@ -1,7 +1,7 @@
 """Rollout transport: agent loops through Ray Serve against bare Ray calls, same run.
 
 The production path: ``AgentLoopManager`` (1 and 2 agent-loop worker actors) →
-``ServerClient`` → the Ray Serve ``RolloutServer`` deployment with the null engine
+``DataClient`` → the Ray Serve ``RolloutServer`` deployment with the null engine
 (``server.engine.backend=null``: every request answered at once with the same 22-token
 Hermes ``<tool_call>``), ``--episodes`` episodes all concurrent. Two workloads:
 
@@ -15,7 +15,7 @@ concurrency, episodes and turns, and the same arguments per call:
 - ``bare_actor``: ``await actor.generate.remote(...)`` on a plain Ray actor that wraps a
   ``NullEngine`` (the rate the machine's Ray can carry);
 - ``bare_handle``: ``await handle.generate.remote(...)`` on the deployment's handle;
-- ``bare_client``: ``await ServerClient.generate(...)`` (the handle plus agentrl's client);
+- ``bare_client``: ``await DataClient.generate(...)`` (the handle plus agentrl's client);
 - ``bare_coalesced``: the same with request coalescing (``server.coalesce_max_batch``):
   the calls of one event-loop tick for one replica travel as one Serve call.
 
@@ -180,7 +180,7 @@ class InProcessLoops:
 
 class CountingWorker(AgentLoopWorker):
     """The agent-loop worker, telling how many of its client's requests travelled in
-    coalesced Serve calls (``ServerClient.coalesced_requests``)."""
+    coalesced Serve calls (``DataClient.coalesced_requests``)."""
 
     async def coalesced_requests(self) -> int:
         return getattr(self.client, "coalesced_requests", 0)
@@ -194,15 +194,13 @@ class BareCaller:
     ) -> None:
         from ray import serve
 
-        from agentrl.server.client import ServerClient
+        from agentrl.server.client import DataClient
 
         self._actor = actor
         self._deployment, self._max_batch = deployment, max_batch
         self._handle = serve.get_deployment_handle(deployment, app_name)
-        self._client = ServerClient(
-            self._handle, deployment_name=deployment, max_retries=max_retries
-        )
-        self._coalescing = ServerClient(
+        self._client = DataClient(self._handle, deployment_name=deployment, max_retries=max_retries)
+        self._coalescing = DataClient(
             self._handle,
             deployment_name=deployment,
             max_retries=max_retries,
@@ -233,9 +231,9 @@ class BareCaller:
     async def new_session_spread(self, prompt: list[int], sampling: SamplingParams) -> dict:
         """Where a fresh coalescing client sends a burst of new sessions after one
         warm-up request (sessions per replica)."""
-        from agentrl.server.client import ServerClient
+        from agentrl.server.client import DataClient
 
-        fresh = ServerClient(
+        fresh = DataClient(
             self._handle, deployment_name=self._deployment, coalesce_max_batch=self._max_batch
         )
         await fresh.generate(f"warm-{uuid.uuid4().hex}", prompt, sampling)
@@ -306,7 +304,7 @@ def _agentrl_work(results, turns: int) -> Work:
 
 
 async def _served_per_replica(client) -> dict[str, int]:
-    return {stats["replica_id"]: stats["requests"] for stats in await client.stats()}
+    return {stats["replica_id"]: stats["requests"] for stats in await client.control.stats()}
 
 
 async def _coalesced_requests(manager) -> int:

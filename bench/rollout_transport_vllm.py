@@ -5,7 +5,7 @@ all concurrent, each one prompt (the chat template of one user message) and
 ``--max-tokens`` sampled tokens (``ignore_eos``, so every episode costs the same).
 
 - ``agentrl``: ``AgentLoopManager`` (``rollout.num_workers`` agent-loop workers) →
-  ``ServerClient`` → the ``RolloutServer`` deployment, ``--replicas`` vLLM-CPU replicas
+  ``DataClient`` → the ``RolloutServer`` deployment, ``--replicas`` vLLM-CPU replicas
   of the tiny model, with the config's defaults (request coalescing included);
 - ``bare_asyncllm``: this process drives as many ``AsyncLLM`` engines, built from the
   same engine arguments (``engine_args``), the episodes spread round-robin, one
@@ -55,6 +55,8 @@ MEASURED = [
     "server/launch.py",
     "server/routing.py",
     "server/vllm_engine.py",
+    "server/vllm_args.py",
+    "server/vllm_weights.py",
 ]
 use_local_defaults(ROOT / ".cache")
 
@@ -97,7 +99,7 @@ class BareEngines:
     def __init__(self, cfg: AgentRLConfig, count: int) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from agentrl.server.vllm_engine import engine_args
+        from agentrl.server.vllm_args import engine_args
 
         args = engine_args(cfg.model, cfg.server.engine)
         self.engines = [AsyncLLM.from_engine_args(args) for _ in range(count)]
@@ -137,13 +139,13 @@ async def _measure(side: str, ctx: dict[str, Any]) -> tuple[float, dict[str, int
         tokens = await ctx["bare"].run(ctx["prompt_ids"], sampling, episodes)
         elapsed = time.perf_counter() - start
     else:
-        before = sum(s["requests"] for s in await ctx["client"].stats())
+        before = sum(s["requests"] for s in await ctx["client"].control.stats())
         rows = [{"prompt": PROMPT, "agent_name": "single_turn"}] * episodes
         results = await ctx["manager"].generate(rows, n=1, sampling=sampling)
         elapsed = time.perf_counter() - start
         assert all(r.ok for r in results), next(r.error for r in results if not r.ok)
         tokens = sum(sum(r.outputs[0].response_mask) for r in results)
-        served = sum(s["requests"] for s in await ctx["client"].stats()) - before
+        served = sum(s["requests"] for s in await ctx["client"].control.stats()) - before
         assert served == episodes, f"replicas served {served} of {episodes} requests"
     expected = episodes * sampling.max_tokens
     assert tokens == expected, f"{side}: {tokens} tokens, not {expected}"

@@ -50,6 +50,8 @@ MEASURED = [
     "agentrl/core/weights.py",
     "server/engine.py",
     "server/vllm_engine.py",
+    "server/vllm_args.py",
+    "server/vllm_weights.py",
     "server/vllm_worker_ext.py",
 ]
 
@@ -133,7 +135,7 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
         ),
     )
     try:
-        await engine._use_staging()  # the shadow model is built at startup
+        await engine.weight_loader.use_staging()  # the shadow model is built at startup
         rows = []
         for i in range(swaps):
             # A fresh request per swap, so the recompute after the reset stays short.
@@ -152,7 +154,7 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
             stop.set()
             await engine._llm.abort(request_id)
             await asyncio.wait_for(stream, 30)
-            timings = engine.last_swap_timings
+            timings = engine.weight_loader.last_swap_timings
             rows.append(
                 {
                     "pause_s": paused,

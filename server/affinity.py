@@ -164,7 +164,7 @@ _replicas: dict[str, frozenset[str]] = {}
 def register_policy(deployment: str, policy: SessionAffinityPolicy) -> None:
     """Make ``policy``'s counters visible to ``affinity_stats`` in this process.
 
-    A process may hold several routers of one deployment (``ServerClient`` routes its
+    A process may hold several routers of one deployment (``DataClient`` routes its
     generate calls through a handle of their own); their counters add up.
     """
     with _registry_lock:
@@ -191,7 +191,7 @@ def note_replicas(deployment: str, replicas: Iterable[str]) -> None:
 def known_replicas(deployment: str) -> int:
     """How many replicas this process's routers of ``deployment`` last saw (0: none yet).
 
-    A hint for spreading a burst of new sessions (``ServerClient``'s coalescing): the
+    A hint for spreading a burst of new sessions (``DataClient``'s coalescing): the
     router still places every request itself.
     """
     with _registry_lock:

@@ -1,4 +1,15 @@
-"""``ServerClient``: what agent loops call to generate, and what trainers call to control."""
+"""Clients of the rollout deployment: the data path and the control path, apart.
+
+- ``DataClient``: ``generate`` for agent loops, the gateway and the trainer's mismatch probe
+  (routing by session, coalescing, retries on replica failure). It routes on the calling
+  event loop, so it has a lifetime: ``async with`` it, or ``await close()``, before that
+  loop ends.
+- ``ControlClient``: calls every replica makes at once (pause, resume, reset, stats, abort)
+  and the weight transports' ``prepare_weights``/``swap_weights`` (what a sender pushes
+  through). Nothing to close.
+- ``ServerClient``: both of one rollout application (what ``start_rollout_servers``
+  returns), closed as the data client is.
+"""
 
 from __future__ import annotations
 
@@ -59,8 +70,24 @@ def _backoff(failures: int) -> float:
     return min(5.0, 0.2 * 2 ** (failures - 1))
 
 
-class ServerClient:
-    """Async client of the rollout deployment.
+async def _await(response: Any, timeout_s: float) -> Any:
+    """Await a Serve response within ``timeout_s``, unwrapping Ray's errors."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await response
+    except TimeoutError:
+        if isinstance(response, DeploymentResponse):
+            response.cancel()  # also stops the generation on the replica
+        raise
+    except Exception as exc:
+        unwrapped = _unwrap(exc)
+        if unwrapped is exc:
+            raise
+        raise unwrapped from exc
+
+
+class DataClient:
+    """The data path of the rollout deployment: ``generate``.
 
     ``generate`` routes by ``session_id`` (the affinity router keeps a session on one
     replica) and retries on replica failure: the retry resends the whole request to a
@@ -73,7 +100,12 @@ class ServerClient:
 
     ``public_path`` sends generate calls through the plain ``DeploymentHandle`` instead
     of the loop-bound gRPC handle (see ``_data_handle``), as happens anyway where Ray
-    Serve lacks the internals that handle needs (``agentrl.server.ray_compat``).
+    Serve lacks the internals that handle needs (``agentrl.server.ray_compat``). The
+    loop-bound handle is this client's lifetime: ``async with`` the client, or ``await
+    close()``, on that loop before it ends.
+
+    ``control``: where a generation a caller gave up on is aborted (default: a
+    ``ControlClient`` of ``handle``).
     """
 
     def __init__(
@@ -86,8 +118,10 @@ class ServerClient:
         coalesce_max_batch: int | None = None,
         max_sessions: int = 100_000,
         public_path: bool = False,
+        control: ControlClient | None = None,
     ) -> None:
         self._handle = handle
+        self._control = control or ControlClient(handle, timeout_s=timeout_s)
         self._loop_bound = use_private("loop_router", public_path)
         self._deployment_name = deployment_name
         self._loop_handle: tuple[asyncio.AbstractEventLoop, DeploymentHandle] | None = None
@@ -114,8 +148,8 @@ class ServerClient:
         timeout_s: float = 600.0,
         coalesce_max_batch: int | None = None,
         public_path: bool = False,
-    ) -> ServerClient:
-        """A client of a running rollout application (same Ray cluster)."""
+    ) -> DataClient:
+        """A data client of a running rollout application (same Ray cluster)."""
         handle = serve.get_deployment_handle(deployment_name, app_name)
         return cls(
             handle,
@@ -127,19 +161,39 @@ class ServerClient:
         )
 
     @classmethod
-    def from_config(cls, server: ServerConfig, *, timeout_s: float | None = None) -> ServerClient:
-        """A client of the running rollout application ``server`` describes, with its
-        retries, timeout (``timeout_s`` overrides it), coalescing and Serve path."""
+    def from_config(
+        cls,
+        server: ServerConfig,
+        *,
+        timeout_s: float | None = None,
+        control: ControlClient | None = None,
+    ) -> DataClient:
+        """A data client of the running rollout application ``server`` describes, with its
+        retries, timeout (``timeout_s`` overrides it), coalescing and Serve path;
+        ``control``'s handle when given, so both share one."""
         from agentrl.server.deployment import DEPLOYMENT_NAME
 
-        return cls.connect(
-            server.name,
-            DEPLOYMENT_NAME,
+        timeout_s = server.request_timeout_s if timeout_s is None else timeout_s
+        handle = (
+            control.handle
+            if control is not None
+            else serve.get_deployment_handle(DEPLOYMENT_NAME, server.name)
+        )
+        return cls(
+            handle,
+            deployment_name=DEPLOYMENT_NAME,
             max_retries=server.max_retries,
-            timeout_s=server.request_timeout_s if timeout_s is None else timeout_s,
+            timeout_s=timeout_s,
             coalesce_max_batch=server.coalesce_max_batch if server.coalesce else None,
             public_path=server.serve_public_path,
+            control=control,
         )
+
+    async def __aenter__(self) -> DataClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def generate(
         self,
@@ -197,7 +251,7 @@ class ServerClient:
         if coalesce and self._coalesce_max_batch:
             outcome = self._coalescing().submit(request)
         else:
-            outcome = self._await(self._send_one(request, frozenset(failed_actors)))
+            outcome = _await(self._send_one(request, frozenset(failed_actors)), self._timeout_s)
         try:
             out = await outcome
         except ReplicaFailure as failure:
@@ -266,9 +320,9 @@ class ServerClient:
                 )
         try:
             if len(requests) == 1:
-                outcomes = [await self._await(self._send_one(requests[0]))]
+                outcomes = [await _await(self._send_one(requests[0]), self._timeout_s)]
             else:
-                outcomes = await self._await(self._send_batch(requests))
+                outcomes = await _await(self._send_batch(requests), self._timeout_s)
         except asyncio.CancelledError:
             in_flight[0] = False  # cancelling the call cancels it on the replica
             for _, future in group:
@@ -292,7 +346,7 @@ class ServerClient:
         out): the call runs on for the others, so stop that request's generation on the
         replica, as cancelling a call of its own would."""
         if future.cancelled() and in_flight[0]:
-            task = asyncio.get_running_loop().create_task(self.abort(request_id))
+            task = asyncio.get_running_loop().create_task(self._control.abort(request_id))
             self._aborting.add(task)
             task.add_done_callback(self._aborting.discard)
 
@@ -321,6 +375,10 @@ class ServerClient:
             self._loop_handle = (loop, data.options(_by_reference=False))
         return self._loop_handle[1]
 
+    def router_stats(self) -> AffinityStats | None:
+        """This process's affinity-router counters (None for other routers)."""
+        return affinity_stats().get(self._deployment_name)
+
     async def close(self) -> None:
         """Stop the data path's routing on the running event loop; call it before that
         loop ends (last thing in the coroutine ``asyncio.run`` runs).
@@ -339,20 +397,29 @@ class ServerClient:
         await handle.shutdown_async()
         _stop_update_listeners(handle)
 
-    async def _await(self, response: Any) -> Any:
-        """Await a Serve response with the client timeout, unwrapping Ray's errors."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await response
-        except TimeoutError:
-            if isinstance(response, DeploymentResponse):
-                response.cancel()  # also stops the generation on the replica
-            raise
-        except Exception as exc:
-            unwrapped = _unwrap(exc)
-            if unwrapped is exc:
-                raise
-            raise unwrapped from exc
+
+class ControlClient:
+    """The control path of the rollout deployment: calls every running replica makes at
+    once (``handle.broadcast``): pause, resume, reset_prefix_cache, stats, abort, and the
+    weight transports' ``prepare_weights`` and ``swap_weights`` (what a sender of
+    ``agentrl.server.weight_transport`` pushes through). It uses Serve's default
+    handle, which routes on a thread of its own: nothing to close.
+    """
+
+    def __init__(self, handle: DeploymentHandle, *, timeout_s: float = 600.0) -> None:
+        self.handle = handle
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def from_config(cls, server: ServerConfig, *, timeout_s: float | None = None) -> ControlClient:
+        """A control client of the running rollout application ``server`` describes, with
+        its timeout (``timeout_s`` overrides it)."""
+        from agentrl.server.deployment import DEPLOYMENT_NAME
+
+        return cls(
+            serve.get_deployment_handle(DEPLOYMENT_NAME, server.name),
+            timeout_s=server.request_timeout_s if timeout_s is None else timeout_s,
+        )
 
     async def abort(self, request_id: str) -> TokenOutput | None:
         """Abort ``request_id`` on whichever replica runs it; returns its partial output."""
@@ -370,7 +437,7 @@ class ServerClient:
     async def reset_prefix_cache(self) -> None:
         await self._broadcast("reset_prefix_cache", skip_dead=True)
 
-    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
+    # -- weight transports (their senders: agentrl.server.weight_transport) -------------
 
     async def prepare_weights(self, kind: str, step: str, *args: Any) -> list[Any]:
         """Every replica runs setup ``step`` of weight receiver ``kind`` (e.g. joining a
@@ -402,10 +469,6 @@ class ServerClient:
         """One stats dict per replica."""
         return await self._broadcast("stats", skip_dead=True)
 
-    def router_stats(self) -> AffinityStats | None:
-        """This process's affinity-router counters (None for other routers)."""
-        return affinity_stats().get(self._deployment_name)
-
     async def _broadcast(self, method: str, *args: Any, skip_dead: bool = False) -> list[Any]:
         """``method`` on every running replica; one result per replica.
 
@@ -414,10 +477,10 @@ class ServerClient:
         gives the new one the current weights (``Trainer.keep_replicas_current``). Any
         other error raises.
         """
-        response = self._handle.broadcast(method, *args)
+        response = self.handle.broadcast(method, *args)
         if not skip_dead:
-            return await self._await(response.results_async())
-        results = await self._await(response.results_async(return_exceptions=True))
+            return await _await(response.results_async(), self._timeout_s)
+        results = await _await(response.results_async(return_exceptions=True), self._timeout_s)
         answered, died = [], []
         for result in results:
             if not isinstance(result, BaseException):
@@ -436,6 +499,33 @@ class ServerClient:
                 died[0],
             )
         return answered
+
+
+class ServerClient:
+    """Both clients of one running rollout application, sharing one handle: ``data``
+    (generate) and ``control`` (pause, resume, stats, weight pushes). What
+    ``start_rollout_servers`` returns; ``async with`` it (or ``await close()``) on the loop
+    its generate calls ran on, as for ``DataClient``."""
+
+    def __init__(self, data: DataClient, control: ControlClient) -> None:
+        self.data = data
+        self.control = control
+
+    @classmethod
+    def from_config(cls, server: ServerConfig, *, timeout_s: float | None = None) -> ServerClient:
+        """The clients of the running rollout application ``server`` describes."""
+        control = ControlClient.from_config(server, timeout_s=timeout_s)
+        return cls(DataClient.from_config(server, timeout_s=timeout_s, control=control), control)
+
+    async def close(self) -> None:
+        """Stop the data path's routing on the running event loop (``DataClient.close``)."""
+        await self.data.close()
+
+    async def __aenter__(self) -> ServerClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
 def _stop_update_listeners(handle: DeploymentHandle) -> None:
@@ -459,7 +549,7 @@ class _Coalescer:
     The first request of a tick schedules a flush at the end of the tick
     (``loop.call_soon``), so a lone request waits for no timer; a group that reaches
     ``max_batch`` goes at once. Requests are grouped by the replica that served their
-    session last (``ServerClient._replica_hint``). Requests of new sessions are split
+    session last (``DataClient._replica_hint``). Requests of new sessions are split
     into one group per replica the router knows (``affinity.known_replicas``; with
     Serve's default router, per replica the client has seen), and the router places
     each group as it would a single request, so a burst of new sessions spreads over
@@ -467,7 +557,7 @@ class _Coalescer:
     any replica they go one by one.
     """
 
-    def __init__(self, client: ServerClient, loop: asyncio.AbstractEventLoop, max_batch: int):
+    def __init__(self, client: DataClient, loop: asyncio.AbstractEventLoop, max_batch: int):
         self.loop = loop
         self._client = client
         self._max_batch = max_batch

@@ -1,8 +1,9 @@
 """A weight-broadcast process group between a trainer and the rollout engines' workers.
 
-Used by ``agentrl.weight_sync.CollectiveBroadcastSync``: rank 0 is the trainer process that
-holds the full weights, ranks ``1..`` are the vLLM workers of every rollout replica (a
-replica with tensor/pipeline parallelism contributes one rank per worker). The group is
+Used by the broadcast weight transport (``agentrl.server.weight_transport.broadcast``):
+rank 0 is the trainer process that holds the full weights, ranks ``1..`` are the vLLM
+workers of every rollout replica (a replica with tensor/pipeline parallelism contributes
+one rank per worker). The group is
 independent of any default ``torch.distributed`` group the processes already have (FSDP on
 the trainer, tensor parallelism inside vLLM): it is built from its own ``TCPStore`` (hosted
 by rank 0) and a directly constructed ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL``
@@ -186,7 +187,12 @@ class BroadcastGroup:
         opts.rootRank = 0
         opts.rootTensor = 0
         work = self._pg.broadcast([tensor], opts)
-        work.wait()
+        try:
+            work.wait()
+        finally:
+            # A failed wait's traceback would keep the work, and through it the group's
+            # connections, alive after close().
+            del work
         if self.spec.backend == "nccl":
             torch.cuda.current_stream(self.device).synchronize()
 
@@ -207,6 +213,9 @@ class BroadcastGroup:
         return unpack(buffer, plan)
 
     def close(self) -> None:
+        """Leave the group. A gloo group's connections close when its last reference goes
+        (``broadcast`` keeps none past a failure), so a member still waiting in a
+        broadcast from this rank gets an error at once instead of waiting ``timeout_s``."""
         pg, self._pg, self._store = self._pg, None, None
         if pg is not None and self.spec.backend == "nccl":
             try:

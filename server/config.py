@@ -103,11 +103,11 @@ class ServerConfig(Section):
         600.0, gt=0, description="Client timeout of one generate call, in seconds."
     )
     max_retries: int = Field(
-        3, ge=0, description="ServerClient retries of a request whose replica failed."
+        3, ge=0, description="DataClient retries of a request whose replica failed."
     )
     coalesce: bool = Field(
         True,
-        description="ServerClient sends the generate calls of one event-loop tick that go "
+        description="DataClient sends the generate calls of one event-loop tick that go "
         "to one replica as one Serve call (fanned out on the replica): fewer calls per turn. "
         "A replica counts such a call as one request against `max_ongoing_requests`.",
     )

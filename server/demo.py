@@ -17,8 +17,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from agentrl.core.types import SamplingParams
-from agentrl.server.client import ServerClient
-from agentrl.weight_sync import ObjectStoreSync
+from agentrl.server.client import DataClient, ServerClient
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _user_turn_ids(tokenizer, text: str, previous_ended: bool) -> list[int]:
 
 
 async def _run_session(
-    client: ServerClient, tokenizer, index: int, turns: int, sampling: SamplingParams
+    client: DataClient, tokenizer, index: int, turns: int, sampling: SamplingParams
 ) -> SessionLog:
     log = SessionLog(session_id=f"demo-{index}")
     messages = [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}]
@@ -91,30 +91,43 @@ async def run_serving_demo(
     turns: int = 3,
     max_tokens: int = 48,
 ) -> list[SessionLog]:
-    """Run the demo sessions concurrently, print the tables, return the session logs."""
+    """Run the demo sessions concurrently, print the tables, return the session logs.
+
+    Closes ``client`` (its data path routes on this event loop, which ends with the demo)."""
+    async with client:
+        return await _run_demo(client, tokenizer, model_path, num_sessions, turns, max_tokens)
+
+
+async def _run_demo(
+    client: ServerClient,
+    tokenizer,
+    model_path: str,
+    num_sessions: int,
+    turns: int,
+    max_tokens: int,
+) -> list[SessionLog]:
     console = Console()
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.95)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("multi-turn sessions", total=num_sessions)
 
         async def tracked(i: int) -> SessionLog:
-            log = await _run_session(client, tokenizer, i, turns, sampling)
+            log = await _run_session(client.data, tokenizer, i, turns, sampling)
             progress.advance(task)
             return log
 
         logs = await asyncio.gather(*(tracked(i) for i in range(num_sessions)))
     console.print(_session_table(logs))
 
-    replicas = await client.stats()
+    replicas = await client.control.stats()
     new_version = max(r["weight_version"] for r in replicas) + 1
     console.print(f"Broadcasting a weight update as version {new_version} to every replica...")
     weights = await asyncio.to_thread(_checkpoint_weights, model_path)
-    await ObjectStoreSync(client).push(weights, new_version)
-    check = await client.generate("demo-after-update", [tokenizer.eos_token_id], sampling)
-    await client.close()  # the demo's loop ends here
+    await ObjectStoreSync(client.control).push(weights, new_version)
+    check = await client.data.generate("demo-after-update", [tokenizer.eos_token_id], sampling)
     console.print(
         f"versions after update: {sorted({v for v in check.token_versions})} "
-        f"(replicas: {sorted(r['weight_version'] for r in await client.stats())})"
+        f"(replicas: {sorted(r['weight_version'] for r in await client.control.stats())})"
     )
     return logs
 

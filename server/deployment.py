@@ -19,7 +19,8 @@ from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
 from agentrl.server.config import EngineConfig, ServerConfig
 from agentrl.server.factory import create_engine
 from agentrl.server.routing import request_router_config
-from agentrl.server.weight_receivers import WeightReceiver, receiver_class
+from agentrl.server.weight_transport import receiver_class
+from agentrl.server.weight_transport.base import WeightReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ _ENGINE_ENV_VARS = (
 class RolloutServer:
     """Serves token-in/token-out generation and the control calls of one engine.
 
-    Requests arrive through ``ServerClient`` (data path, routed per session) and
-    ``handle.broadcast`` (control path: pause, resume, weight pushes, stats).
+    Requests arrive through ``DataClient`` (data path, routed per session) and
+    ``ControlClient`` (``handle.broadcast``: pause, resume, weight pushes, stats).
     """
 
     def __init__(self, model: dict[str, Any], engine: dict[str, Any]) -> None:
@@ -76,7 +77,7 @@ class RolloutServer:
         session_ids: tuple[str, ...] = (),
         avoid_actor_ids: frozenset[str] = frozenset(),
     ) -> list[TokenOutput | Exception]:
-        """Generate for several requests at once (``ServerClient`` coalesces them), all
+        """Generate for several requests at once (``DataClient`` coalesces them), all
         running concurrently on the engine; each gets its output or its own error.
 
         ``requests`` hold ``generate``'s arguments. The router reads ``session_id`` (the
@@ -106,7 +107,7 @@ class RolloutServer:
         await self._engine.reset_prefix_cache()
         return self._replica_id
 
-    # -- weight transports (agentrl.weight_sync senders, server/weight_receivers.py) ------
+    # -- weight transports (their receivers: agentrl.server.weight_transport) -----------
 
     async def prepare_weights(self, kind: str, step: str, *args: Any) -> Any:
         """Setup ``step`` of weight receiver ``kind`` (e.g. joining a broadcast group)."""

@@ -85,7 +85,7 @@ class RolloutEngine(ABC):
     ) -> float:
         """Pause (``mode``) → load ``weights`` as ``version`` → reset prefix cache → resume.
 
-        The one entry of every weight transport (``server/weight_receivers.py``):
+        The one entry of every weight transport's receiver (``server/weight_transport/``):
         ``weights`` are buckets of tensors in this process, or ``WorkerWeights`` for an
         engine with ``weight_workers``. Returns the seconds generation was paused.
         Engines that can load the weights before pausing (``VLLMEngine`` with

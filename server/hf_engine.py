@@ -32,6 +32,7 @@ from agentrl.core.types import (
     SamplingParams,
     TokenOutput,
 )
+from agentrl.models.attention import varying_shape_attention
 from agentrl.server.checks import check_prompt, clamp_max_tokens
 from agentrl.server.config import EngineConfig
 from agentrl.server.engine import NamedTensors, RolloutEngine
@@ -315,7 +316,7 @@ class HFEngine(RolloutEngine):
 
     def _work(self, admitted: list[HFRequest], decode: bool, version: int) -> None:
         """One step: retire aborted rows, prefill ``admitted``, decode one token per row."""
-        with torch.inference_mode():
+        with torch.inference_mode(), varying_shape_attention():
             self._retire_done()
             self._batch.add([(s, kv) for s in admitted if (kv := self._prefill(s, version))])
             if decode and len(self._batch):

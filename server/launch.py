@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import ray
@@ -84,8 +85,15 @@ def init_ray(cfg: RayConfig) -> None:
         num_cpus=cfg.num_cpus if cfg.address is None else None,
         include_dashboard=False,
         namespace=cfg.namespace,
-        log_to_driver=True,
+        log_to_driver=cfg.log_to_driver,
     )
+    if not cfg.log_to_driver:
+        logger.info(
+            "Ray workers' logs: %s (ray.log_to_driver=true or -v shows them here)",
+            f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs"
+            if cfg.address is None
+            else "each node's Ray logs",
+        )
 
 
 def start_rollout_servers(

@@ -6,7 +6,7 @@ version strings, so a Ray release that keeps the internals keeps the fast path:
 
 - ``loop_router``: ``DeploymentHandle._init(_run_router_in_separate_loop=False)``,
   ``options(_by_reference=False)`` and ``ray.serve._private.router``'s
-  ``CurrentLoopRouter`` and ``SharedRouterLongPollClient``. ``ServerClient`` routes
+  ``CurrentLoopRouter`` and ``SharedRouterLongPollClient``. ``DataClient`` routes
   generate calls on the caller's event loop and sends them over Serve's gRPC transport
   (``server/client.py``).
 - ``queue_len_cache``: ``RequestRouter.replica_queue_len_cache``. The affinity router
@@ -141,7 +141,7 @@ def hook_paths(forced: Collection[str] = ()) -> dict[str, HookPath]:
 def check_ray_hooks(forced: Collection[str] = ()) -> dict[str, HookPath]:
     """Each hook's path in this process (``forced`` as in ``hook_paths``); the first time
     any hook takes the public path, one warning says which, why and what it costs. Runs
-    at start-up, when a ``ServerClient`` or an affinity router is made."""
+    at start-up, when a ``DataClient`` or an affinity router is made."""
     paths = hook_paths(forced)
     public = [name for name, path in paths.items() if path == "public"]
     if public:

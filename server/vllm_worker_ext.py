@@ -1,4 +1,4 @@
-"""vLLM worker extension that receives new weights from ``VLLMEngine.update_weights``.
+"""vLLM worker extension: the workers' half of ``VLLMWeightLoader`` (``vllm_weights.py``).
 
 vLLM mixes ``WeightSyncExtension`` into its worker class (``worker_extension_cls``), so
 these methods run inside every worker process and are reached with
@@ -18,9 +18,10 @@ bucket on every push.
 
 Weight transports that deliver into the workers themselves (a broadcast group, where each
 worker is one rank and receives full, unsharded tensors from the trainer) run their worker
-half here through ``agentrl_receiver_call`` and the sources ``agentrl_reload_from`` and
-``agentrl_stage_begin`` read (``server/weight_receivers.py``); the reload shards the
-tensors for tensor parallelism.
+half (``WeightReceiver.on_worker`` and ``worker_tensors``, in the transport's module of
+``server/weight_transport/``) here, through ``agentrl_receiver_call`` and the sources
+``agentrl_reload_from`` and ``agentrl_stage_begin`` read; only that transport's module is
+loaded. The reload shards the tensors for tensor parallelism.
 
 The ``agentrl_stage_*`` methods are the staged swap (``VLLMEngine`` with
 ``engine.weight_swap=staged``): a second instance of the model (the shadow, built once)
@@ -50,7 +51,7 @@ import torch
 
 from agentrl.core.weights import BucketPlan
 from agentrl.server.collective import unpack
-from agentrl.server.weight_receivers import receiver_class
+from agentrl.server.weight_transport import receiver_class
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class WeightSyncExtension:
         elif kind == "inline":
             for item in source["tensors"]:
                 yield decode_tensor(item)
-        else:  # delivered by a transport's worker half (server/weight_receivers.py)
+        else:  # delivered by a transport's worker half (server/weight_transport/)
             yield from receiver_class(kind).worker_tensors(self, source)
 
 

@@ -42,16 +42,35 @@ class RayConfig(Section):
     )
     num_cpus: int | None = Field(None, description="CPUs Ray may use on a local start.")
     namespace: str = Field("agentrl", description="Ray namespace.")
+    log_to_driver: bool = Field(
+        False,
+        description="Echo every Ray worker's output (Serve replicas and their vLLM "
+        "engines, FSDP ranks, agent-loop workers) on the driver's console. Off, the "
+        "console shows agentrl's own progress and messages; the workers' logs stay in "
+        "Ray's session directory (/tmp/ray/session_latest/logs on a local start), and a "
+        "worker's error still reaches the driver as an exception. `agentrl -v` turns it on.",
+    )
+
+
+WEIGHT_TRANSPORTS: dict[str, str] = {
+    "object_store": "object_store",
+    "nccl": "broadcast",
+    "gloo": "broadcast",
+}
+"""The weight transports by ``weight_sync.kind``: the module of
+``agentrl.server.weight_transport`` holding each one's sender, receiver and vLLM-worker
+half. A new transport is its module there and one line here."""
 
 
 class WeightSyncConfig(Section):
-    """How the trainer's new weights reach the rollout replicas (``agentrl.weight_sync``).
+    """How the trainer's new weights reach the rollout replicas (``weight_sync.kind``
+    names a transport of ``agentrl.server.weight_transport``).
 
-    ``kind`` picks the sender strategy in the trainer and the receiver of the same
-    transport in every replica (``server/weight_receivers.py``).
+    ``kind`` picks the sender in the trainer and the receiver of the same transport in
+    every replica (``WEIGHT_TRANSPORTS``).
     """
 
-    kind: Literal["object_store", "nccl", "gloo"] = Field(
+    kind: Literal[*WEIGHT_TRANSPORTS] = Field(  # type: ignore[valid-type]
         "object_store",
         description="How new weights reach the rollout replicas. object_store: through the "
         "Ray object store (CPU or GPU). nccl: broadcast from the actor's rank 0 to every vLLM "
@@ -81,6 +100,13 @@ class WeightSyncConfig(Section):
         gt=0,
         description="nccl/gloo: limit of one bucket broadcast, which also waits for every "
         "replica to pause (pause_mode=wait waits for running requests).",
+    )
+    push_attempts: int = Field(
+        3,
+        ge=1,
+        description="nccl/gloo: a push that fails (a replica died during it, which breaks the "
+        "broadcast for every member) is tried again with a group of the replicas that answer "
+        "then, up to this many attempts in all. object_store leaves a dead replica out.",
     )
 
 

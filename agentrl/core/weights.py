@@ -1,8 +1,8 @@
 """The wire format of a weight push: how a bucket of tensors is laid out in one buffer.
 
 Both sides of every weight transport read it: the trainer's sender
-(``agentrl.weight_sync``) plans the buckets, and the replicas' receivers
-(``server/weight_receivers.py``, the vLLM worker) view the tensors out of the buffer they
+(``agentrl.server.weight_transport``) plans the buckets, and the replicas' receivers
+(the same transport's module, its vLLM-worker half) view the tensors out of the buffer they
 receive. A plan is plain data (names, dtype names, shapes, byte offsets), with no torch
 in it, and crosses process boundaries as nested lists (``to_wire``), because vLLM's
 ``collective_rpc`` serializes arguments with msgpack.

@@ -52,6 +52,7 @@ class RowLoader(Generic[T]):
         self._seed = seed
         self._epoch = 0
         self._index = 0
+        self._drawn = 0
         self._order = self._permutation(0)
 
     @property
@@ -63,6 +64,15 @@ class RowLoader(Generic[T]):
     def index(self) -> int:
         """Rows of the current epoch already handed out."""
         return self._index
+
+    @property
+    def rows_drawn(self) -> int:
+        """Rows handed out since the first epoch began (the next row's global number).
+
+        Counted, not computed from the position: a run resumed with another batch size
+        has epochs of another length (``drop_last``), and epoch × length + index would
+        number rows already drawn again."""
+        return self._drawn
 
     @property
     def seed(self) -> int:
@@ -90,6 +100,7 @@ class RowLoader(Generic[T]):
     def _take(self) -> list[T]:
         positions = self._order[self._index : self._index + self.batch_size]
         self._index += len(positions)
+        self._drawn += len(positions)
         return [self._rows[int(i)] for i in positions]
 
     def next_batch(self) -> list[T]:
@@ -106,12 +117,14 @@ class RowLoader(Generic[T]):
             yield self._take()
 
     def state_dict(self) -> dict[str, int]:
-        """The position to save with a checkpoint: epoch, index, seed and row count."""
+        """The position to save with a checkpoint: epoch, index, seed, row count and rows
+        drawn."""
         return {
             "epoch": self._epoch,
             "index": self._index,
             "seed": self._seed,
             "num_rows": len(self._rows),
+            "rows_drawn": self._drawn,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -132,3 +145,5 @@ class RowLoader(Generic[T]):
         self._seed = seed
         self._start_epoch(epoch)
         self._index = index
+        # A checkpoint from before the count: the epochs had this batch size's length.
+        self._drawn = int(state.get("rows_drawn", epoch * self._epoch_end() + index))

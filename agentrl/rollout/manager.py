@@ -22,7 +22,6 @@ from typing import Any
 
 import ray
 
-from agentrl.config import AgentRLConfig, resolve_user_config
 from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.episode_batches import EpisodeBatches
@@ -42,16 +41,20 @@ _WORKER_RESTARTS = 3
 class AgentLoopManager:
     """Owns the worker actors; hands them episodes round-robin."""
 
-    def __init__(self, config: AgentRLConfig, worker_cls: type = AgentLoopWorker) -> None:
-        """``worker_cls``: the actor class, built from the config as a dict (tests pass a
-        stand-in: an ``EpisodeStreamer`` with the same ``run_episode`` and ``ping``)."""
-        self.config = config
-        rollout = config.rollout
+    def __init__(
+        self, config: AgentLoopWorkerConfig | Any, worker_cls: type = AgentLoopWorker
+    ) -> None:
+        """``config``: the sections the workers read, or a full config (``AgentRLConfig``)
+        to take them from. ``worker_cls``: the actor class, built from those sections as a
+        dict (tests pass a stand-in: an ``EpisodeStreamer`` with the same ``run_episode``
+        and ``ping``)."""
         # The plugins are imported here first, so that one that fails names its cause in
         # the driver; the workers get them and the model as resolved (plugin file paths
         # made absolute, builtin: model names as checkpoint directories), and only the
         # sections they read.
-        worker_config = AgentLoopWorkerConfig.of(resolve_user_config(config)).model_dump()
+        self.config = AgentLoopWorkerConfig.of(config).resolved()
+        rollout = self.config.rollout
+        worker_config = self.config.model_dump()
         actor_cls = ray.remote(worker_cls)
         workers = [
             actor_cls.options(

@@ -55,6 +55,17 @@ class AgentLoopWorkerConfig(Section):
             return cls.model_validate({k: config[k] for k in cls.model_fields if k in config})
         return cls.model_validate({k: getattr(config, k) for k in cls.model_fields})
 
+    def resolved(self) -> AgentLoopWorkerConfig:
+        """A copy ready to run in any process: ``builtin:`` model names resolved to
+        checkpoint directories, and the plugins imported (file paths made absolute), as
+        ``agentrl.config.resolve_user_config`` does for the full config."""
+        return self.model_copy(
+            update={
+                "model": resolve_model_config(self.model),
+                "plugins": import_plugins(self.plugins),
+            }
+        )
+
 
 class AgentLoopWorker(EpisodeStreamer):
     """Holds the tokenizer, tools and server client shared by its episodes; runs one
@@ -103,9 +114,9 @@ class AgentLoopWorker(EpisodeStreamer):
         self._deadlines = EpisodeDeadlines(rollout.loop_timeout_s)
 
     def _connect(self) -> GenerateClient:
-        from agentrl.server.client import ServerClient
+        from agentrl.server.client import DataClient
 
-        return ServerClient.from_config(self.config.server)
+        return DataClient.from_config(self.config.server)
 
     def _load_tools(self) -> dict[str, BaseTool]:
         path = self.config.rollout.tool_config_path

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.core.types import PauseMode
-from agentrl.server.weight_receivers import WeightReceiver, register_receiver
+from agentrl.server.weight_transport.base import WeightReceiver, register_receiver
 
 HOLD_IN_PAUSE = "object_store_hold_in_pause"
 

@@ -57,7 +57,8 @@ class AsyncTrainer(Trainer):
 
     _feed: RowFeed | None = None
 
-    async def fit(self) -> list[dict[str, float]]:
+    async def train_steps(self) -> list[dict[str, float]]:
+        """The asynchronous fit loop: train on batches from the queue the producer fills."""
         cfg = self.cfg
         if not cfg.trainer.agent_loop_episodes and queue_actor_name(cfg.gateway.sink) is None:
             raise ValueError(
@@ -85,7 +86,8 @@ class AsyncTrainer(Trainer):
                     metrics |= await self.train_on(batch.episodes, rows, metrics)
                     if self._feed is not None:
                         self._feed.done([g[0].group_id for g in batch.groups])
-                        self._feed.done(batch.dropped_group_ids)
+                        dropped = self._feed.done(batch.dropped_group_ids)
+                        self.audit.dropped(dropped, "the queue dropped its group (stale or failed)")
                     await queue.finish_step.remote(self.version)
                 metrics["timing/gen"] = self._gen_clock.take()
                 history.append(await self._finish_step(metrics))
@@ -96,8 +98,6 @@ class AsyncTrainer(Trainer):
                 await asyncio.gather(producer, return_exceptions=True)
             if queue_actor_name(cfg.gateway.sink) is not None:
                 ray.kill(queue)  # free the name for the next run in this Ray session
-            await self.client.close()  # the mismatch probe's routing on this loop
-        self.save_checkpoint()
         return history
 
     def _make_queue(self) -> ray.actor.ActorHandle:
@@ -191,6 +191,7 @@ class AsyncTrainer(Trainer):
                         first_row_index=index,
                     )
                     self._feed.start(group[0].group_id, index, row)
+                    self.audit.handed_out(index, group[0].group_id)
                     for request in group:
                         task = asyncio.create_task(self._run_one(request, queue))
                         episodes.add(task)
@@ -216,6 +217,11 @@ class AsyncTrainer(Trainer):
     def _data_state(self) -> dict[str, Any]:
         return {"row_feed": self._feed.state_dict() if self._feed is not None else None}
 
+    def _pending_rows(self) -> list[int]:
+        if self._feed is None:
+            return []
+        return [index for index, _ in self._feed.state_dict()["pending"]]
+
     def _load_data_state(self, extra: dict[str, Any]) -> None:
         if self._feed is None:
             return
@@ -223,8 +229,7 @@ class AsyncTrainer(Trainer):
             self._feed.load_state_dict(extra["row_feed"])
         elif extra.get("loader") is not None:  # a synchronous run's checkpoint
             super()._load_data_state(extra)
-            first = self.step * self.cfg.data.train_batch_size
-            self._feed = RowFeed(self.loader, next_index=first)
+            self._feed = RowFeed(self.loader, next_index=self.loader.rows_drawn)
 
 
 async def _unless_failed(awaitable: Awaitable[T], failure: asyncio.Future[None]) -> T:

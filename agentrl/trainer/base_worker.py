@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from agentrl.models.attention import varying_shape_attention
 from agentrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import MINI_BATCH_KEY, Batch, select_rows, sequence_lengths
@@ -140,6 +141,7 @@ class FSDPWorkerBase:
     # -- shared compute -----------------------------------------------------------------
 
     @torch.no_grad()
+    @varying_shape_attention()
     def _infer(self, shard: Batch, max_tokens: int, **kwargs: Any) -> dict[str, Tensor]:
         self.model.eval()
         result: dict[str, Tensor] = {}
@@ -150,6 +152,7 @@ class FSDPWorkerBase:
                 result[key][micro_rows] = value.float().cpu()
         return result
 
+    @varying_shape_attention()
     def _train(
         self, shard: Batch, loss_call: LossCall, max_tokens: int, prefix: str, **kwargs: Any
     ) -> dict[str, float]:

@@ -18,6 +18,9 @@ class Sample:
     output: AgentLoopOutput
     group_id: str
     score: float
+    row_index: int = -1
+    """The dataset row of its episode (-1: none, e.g. a gateway session)."""
+    episode_id: str = ""
 
 
 def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[str]]:

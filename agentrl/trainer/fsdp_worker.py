@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer
 
 from agentrl.algos.kl import entropy_from_logits
+from agentrl.server.weight_transport import transport_module
+from agentrl.server.weight_transport.base import bucketize
 from agentrl.trainer.base_worker import FSDPWorkerBase
 from agentrl.trainer.checkpoint import full_state_dict
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
@@ -30,7 +32,6 @@ from agentrl.trainer.model import (
     load_value_model,
     to_hf_state_dict,
 )
-from agentrl.weight_sync import BroadcastRoot, bucketize
 
 logger = logging.getLogger(__name__)
 
@@ -154,41 +155,30 @@ class ActorWorker(ReferenceWorker):
             return
         yield from bucketize(to_hf_state_dict(state, self.config.lora).items(), bucket_bytes)
 
-    # -- collective weight sync: rank 0 is the root of the weight-broadcast group ------
+    # -- weight transports whose sender is rank 0 (``RankZeroSource``) -------------------
 
-    def broadcast_host(
-        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
-    ) -> dict[str, Any]:
-        """Rank 0: start the weight-broadcast group's store here; returns its ``GroupSpec``."""
-        return self._broadcast_root().host(backend, world_size, group_id, join_timeout_s, timeout_s)
+    def call_root(self, transport: str, method: str, *args: Any) -> Any:
+        """Rank 0: ``method(*args)`` of ``transport``'s root here (an instance of its
+        module's ``RANK_ROOT``, e.g. the weight-broadcast group's rank 0)."""
+        return getattr(self._weight_root(transport), method)(*args)
 
-    def broadcast_connect(self) -> None:
-        """Rank 0: block until every rollout worker joined (or the join timeout)."""
-        self._broadcast_root().connect()
-
-    def broadcast_stage(self, dtype: str | None, bucket_bytes: int) -> list[Any] | None:
-        """Gather the full weights (collective: every rank); rank 0 keeps them as buckets
-        (a decoder layer never split, floats cast to ``dtype``) and returns their plans."""
+    def stage_on_root(self, transport: str, dtype: str | None, bucket_bytes: int) -> Any:
+        """Gather the full weights (collective: every rank); rank 0 gives them to
+        ``transport``'s root as buckets (a decoder layer never split) and returns what its
+        ``stage(buckets, dtype)`` returns, other ranks None."""
         state = full_state_dict(self.model)
         if self.rank != 0:
             return None
         hf_state = to_hf_state_dict(state, self.config.lora)
-        return self._broadcast_root().stage(bucketize(hf_state.items(), bucket_bytes), dtype)
+        return self._weight_root(transport).stage(bucketize(hf_state.items(), bucket_bytes), dtype)
 
-    def broadcast_send(self) -> None:
-        """Rank 0: broadcast the staged buckets to the rollout workers."""
-        self._broadcast_root().send()
-
-    def broadcast_close(self) -> None:
-        self._broadcast_root().close()
-
-    def _broadcast_root(self) -> BroadcastRoot:
+    def _weight_root(self, transport: str) -> Any:
         if self.rank != 0:
-            raise RuntimeError(f"rank {self.rank} is not the weight-broadcast root (rank 0 is)")
-        root = getattr(self, "_root", None)
-        if root is None:
-            root = self._root = BroadcastRoot()
-        return root
+            raise RuntimeError(f"rank {self.rank} is not a weight transport's root (rank 0 is)")
+        roots: dict[str, Any] = self.__dict__.setdefault("_weight_roots", {})
+        if transport not in roots:
+            roots[transport] = transport_module(transport).RANK_ROOT()
+        return roots[transport]
 
 
 class CriticWorker(FSDPWorkerBase):

@@ -23,6 +23,7 @@ import ray
 from torch import Tensor
 
 from agentrl.placement import TrainerPlacementConfig, place_ranks
+from agentrl.server.weight_transport.base import DEFAULT_BUCKET_BYTES
 from agentrl.trainer.config import ActorConfig, CriticConfig, ReferenceConfig
 from agentrl.trainer.dispatch import (
     Batch,
@@ -34,7 +35,6 @@ from agentrl.trainer.dispatch import (
 )
 from agentrl.trainer.fsdp_worker import ActorWorker, CriticWorker, ReferenceWorker
 from agentrl.trainer.micro_batch import PolicyLossFn, ValueLossFn
-from agentrl.weight_sync import DEFAULT_BUCKET_BYTES, BroadcastSender
 
 logger = logging.getLogger(__name__)
 
@@ -245,38 +245,20 @@ class ActorGroup(ReferenceGroup):
         for bucket in self.iter_weight_buckets(bucket_bytes):
             yield from bucket
 
-    def weight_sender(self) -> BroadcastSender:
-        """Rank 0 as the root of a weight-broadcast group (``CollectiveBroadcastSync``)."""
-        return _RankZeroSender(self.actors[0])
+    # -- RankZeroSource: rank 0 as a weight transport's sender --------------------------
 
-    async def stage_weight_broadcast(self, dtype: str | None, bucket_bytes: int) -> list[Any]:
-        """Gather the weights on rank 0 for ``weight_sender().send()``; the bucket plans."""
-        return (await asyncio.to_thread(self.call, "broadcast_stage", dtype, bucket_bytes))[0]
+    @property
+    def root_key(self) -> str:
+        return f"actor-rank0:{self.actors[0]._actor_id.hex()}"
 
+    async def call_root(self, transport: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of ``transport``'s root on rank 0 (``ActorWorker.call_root``)."""
+        return await self.actors[0].call_root.remote(transport, method, *args)
 
-class _RankZeroSender(BroadcastSender):
-    """``BroadcastSender`` calling the ``BroadcastRoot`` inside the actor's rank 0."""
-
-    def __init__(self, actor: ray.actor.ActorHandle) -> None:
-        self._actor = actor
-        self.key = f"actor-rank0:{actor._actor_id.hex()}"
-
-    async def host(
-        self, backend: str, world_size: int, group_id: str, join_timeout_s: float, timeout_s: float
-    ) -> dict[str, Any]:
-        return await self._actor.broadcast_host.remote(
-            backend, world_size, group_id, join_timeout_s, timeout_s
-        )
-
-    async def connect(self) -> None:
-        await self._actor.broadcast_connect.remote()
-
-    async def send(self) -> None:
-        await self._actor.broadcast_send.remote()
-
-    async def close(self) -> None:
-        with contextlib.suppress(ray.exceptions.RayActorError):  # gone, and its group with it
-            await self._actor.broadcast_close.remote()
+    async def stage_on_root(self, transport: str, dtype: str | None, bucket_bytes: int) -> Any:
+        """Gather the weights and stage them on rank 0's root of ``transport``."""
+        staged = await asyncio.to_thread(self.call, "stage_on_root", transport, dtype, bucket_bytes)
+        return staged[0]
 
 
 class CriticGroup(WorkerGroup):

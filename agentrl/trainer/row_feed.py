@@ -31,7 +31,8 @@ class RowFeed:
 
     def __init__(self, loader: RowLoader, next_index: int = 0) -> None:
         """``next_index``: the index of the loader's next row (a synchronous run's
-        checkpoint numbers rows step × batch size + position)."""
+        checkpoint: the loader's ``rows_drawn``, as the synchronous trainer numbers
+        them)."""
         self._loader = loader
         self._next_index = next_index
         self._ready: deque[tuple[int, Row]] = deque()
@@ -51,12 +52,16 @@ class RowFeed:
         """The producer started group ``group_id`` on row ``index``."""
         self._started[group_id] = (index, row)
 
-    def done(self, group_ids: list[str]) -> None:
-        """These groups were trained or dropped; unknown ids (external groups) are ignored."""
+    def done(self, group_ids: list[str]) -> list[int]:
+        """These groups were trained or dropped; returns their row indices. Unknown ids
+        (external groups) are ignored."""
+        indices = []
         for group_id in group_ids:
             started = self._started.pop(group_id, None)
             if started is not None:
-                self.done_indices.append(started[0])
+                indices.append(started[0])
+        self.done_indices.extend(indices)
+        return indices
 
     @property
     def rows_by_group(self) -> dict[str, Row]:

@@ -1,7 +1,7 @@
 """The per-step building blocks the trainers compose: reward, log-probs, advantages.
 
-Each function takes and returns plain tensors or batches so that ``Trainer.fit`` and
-``AsyncTrainer.fit`` read as the algorithm: generate → reward → old log-probs →
+Each function takes and returns plain tensors or batches so that ``Trainer.train_steps`` and
+``AsyncTrainer.train_steps`` read as the algorithm: generate → reward → old log-probs →
 reference → advantages → update → sync.
 """
 
@@ -68,6 +68,8 @@ async def score_episodes(
             float(output.reward or 0.0)
             if episode.external
             else score_of[episode.episode_id] + output.extra.get("tool_reward", 0.0),
+            row_index=episode.row_index,
+            episode_id=episode.episode_id,
         )
         for episode in ok
         for output in episode.outputs

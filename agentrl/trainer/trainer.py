@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
+from agentrl.server.weight_transport import make_weight_sync
 from agentrl.tracking import MetricsLogger
+from agentrl.trainer.audit import RowAudit
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.dispatch import Batch
 from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
@@ -49,9 +52,10 @@ from agentrl.trainer.steps import (
     score_episodes,
     staleness_metrics,
 )
-from agentrl.weight_sync import make_weight_sync
 
 logger = logging.getLogger(__name__)
+
+NOT_TRAINED = "not trained: uninformative (dynamic sampling), failed, or too few samples"
 
 _REPLICA_STATS_TIMEOUT_S = 30.0
 _MAX_CATCH_UP_PUSHES = 3
@@ -75,6 +79,7 @@ class Trainer:
         self.step = 0
         self.version = INITIAL_WEIGHT_VERSION
         self.trained_episodes: set[str] = set()
+        self._step_rows: set[int] = set()  # rows the synchronous step handed out
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
 
     # -- setup -------------------------------------------------------------------------
@@ -132,12 +137,13 @@ class Trainer:
         self.rewards = RewardManager.from_config(cfg.reward)
         self.loss_fn = make_actor_loss(cfg.algorithm)
         self.critic_loss_fn = make_critic_loss(cfg.algorithm)
-        self.sync = make_weight_sync(cfg.weight_sync, self.client)
+        self.sync = make_weight_sync(cfg.weight_sync, self.client.control)
         self.tracker = MetricsLogger.from_config(
             self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
         )
         if checkpoint is not None:
             self._resume(checkpoint)
+        self.audit = RowAudit(self.run_dir, self.step if checkpoint is not None else None)
 
     def _row_loader(self) -> RowLoader | None:
         """The training rows; None when only gateway sessions are trained on (async)."""
@@ -155,6 +161,7 @@ class Trainer:
 
     def shutdown(self) -> None:
         """Stop every worker and the rollout servers."""
+        self.audit.close()
         self.tracker.close()
         self.rewards.close()
         self.manager.shutdown()
@@ -169,28 +176,37 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------
 
     async def fit(self) -> list[dict[str, float]]:
-        """Train ``trainer.total_steps`` steps; returns each step's logged metrics."""
+        """Train ``trainer.total_steps`` steps and save a checkpoint; returns each step's
+        logged metrics. The rollout client's data path (the mismatch probe's generate
+        calls) routes on this event loop until the steps end."""
+        async with self.client:
+            history = await self.train_steps()
+        self.save_checkpoint()
+        return history
+
+    async def train_steps(self) -> list[dict[str, float]]:
+        """The synchronous fit loop: generate a batch, train on it, push the weights."""
         if self.loader is None:
             raise ValueError(
                 "trainer.agent_loop_episodes=false (gateway sessions only) needs the async "
                 "trainer (`agentrl train` without --sync)"
             )
         history = []
-        try:
-            await self.serve_restored_weights()
-            await self._maybe_validate(force=True)
-            while self.step < self.cfg.trainer.total_steps:
-                metrics: dict[str, float] = {}
-                with timer(metrics, "step"):
-                    await self.keep_replicas_current()
-                    rows = self.loader.next_batch()
-                    with timer(metrics, "gen"):
-                        episodes, row_of = await self.generate(rows)
-                    metrics |= await self.train_on(episodes, row_of, metrics)
-                history.append(await self._finish_step(metrics))
-        finally:
-            await self.client.close()  # the mismatch probe's routing on this loop
-        self.save_checkpoint()
+        await self.serve_restored_weights()
+        await self._maybe_validate(force=True)
+        while self.step < self.cfg.trainer.total_steps:
+            metrics: dict[str, float] = {}
+            with timer(metrics, "step"):
+                await self.keep_replicas_current()
+                rows = self.loader.next_batch()
+                self._step_rows = set()
+                with timer(metrics, "gen"):
+                    episodes, row_of = await self.generate(rows)
+                metrics |= await self.train_on(episodes, row_of, metrics)
+                # Rows whose episodes all failed, and dynamic sampling's extra rows it
+                # did not keep.
+                self.audit.drop_unsettled(self._step_rows, NOT_TRAINED)
+            history.append(await self._finish_step(metrics))
         return history
 
     async def generate(
@@ -201,8 +217,14 @@ class Trainer:
             rows,
             self.cfg.rollout.n,
             self.manager.default_sampling(),
-            first_row_index=self.step * self.cfg.data.train_batch_size,
+            # Unique over the run, dynamic sampling's extra batches included: the row
+            # index seeds each episode's sampling and keys the audit.
+            first_row_index=self.loader.rows_drawn - len(rows),
         )
+        for request in requests:
+            if request.sample_index == 0:
+                self.audit.handed_out(request.row_index, request.group_id)
+                self._step_rows.add(request.row_index)
         episodes = [e async for e in self.manager.stream_requests(requests)]
         return episodes, _rows_by_group(requests)
 
@@ -230,6 +252,7 @@ class Trainer:
             logger.warning(
                 "step %d: only %d usable samples, skipping update", self.step, len(samples)
             )
+            self.audit.drop_unsettled(_rows_of(episodes), NOT_TRAINED)
             return metrics
         self._save_samples(samples)
         batch, group_ids = build_batch(samples, self.tokenizer.pad_token_id)
@@ -265,6 +288,12 @@ class Trainer:
                 with_entropy=True,
                 entropy_grad=self.cfg.algorithm.kl.entropy_coeff > 0,
             )
+        self.audit.trained(
+            self.step + 1,
+            {s.row_index for s in samples if s.row_index >= 0},
+            sorted({s.episode_id for s in samples}),
+        )
+        self.audit.drop_unsettled(_rows_of(episodes), NOT_TRAINED)
         with timer(metrics, "weight_sync"):
             metrics |= await self.push_weights()
         if self._probe_due():
@@ -305,7 +334,7 @@ class Trainer:
         if self.version == INITIAL_WEIGHT_VERSION:
             return
         try:
-            stats = await asyncio.wait_for(self.client.stats(), _REPLICA_STATS_TIMEOUT_S)
+            stats = await asyncio.wait_for(self.client.control.stats(), _REPLICA_STATS_TIMEOUT_S)
         except Exception as error:  # no answer in time (e.g. Serve is redeploying): next time
             logger.info("could not read the replicas' weight versions: %s", error)
             return
@@ -367,7 +396,7 @@ class Trainer:
         prompts = probe_prompts(samples, rows)
         sampling = self.manager.default_sampling()
         answers = await asyncio.gather(
-            *(self.client.generate(None, prompt, sampling) for prompt in prompts),
+            *(self.client.data.generate(None, prompt, sampling) for prompt in prompts),
             return_exceptions=True,
         )
         answered = [
@@ -430,9 +459,20 @@ class Trainer:
         """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
         path = self.run_dir / "checkpoints" / f"step_{self.step}"
         extra = {"step": self.step, "version": self.version, **self._data_state()}
+        # Recorded before the checkpoint exists: a driver killed once it is written but
+        # before a line after it would leave a checkpoint the audit never heard of, and
+        # the run resumed from it could not be replayed. Nothing runs in between (the
+        # save blocks the loop), so the pending rows are the checkpoint's.
+        self.audit.checkpoint(self.step, self._pending_rows())
         self.actor.save_checkpoint(str(path), extra=extra)
+        self.audit.saved(self.step)
         logger.info("saved checkpoint %s", path)
         return path
+
+    def _pending_rows(self) -> list[int]:
+        """Rows handed out and not done, which a resumed run hands out again (none: a
+        synchronous step trains every row it hands out)."""
+        return []
 
     def _resume(self, checkpoint: Path) -> None:
         extra = self.actor.load_checkpoint(str(checkpoint))
@@ -445,8 +485,20 @@ class Trainer:
         return {"loader": self.loader.state_dict() if self.loader is not None else None}
 
     def _load_data_state(self, extra: dict[str, Any]) -> None:
-        if self.loader is not None and extra.get("loader") is not None:
+        if self.loader is None:
+            return
+        if extra.get("loader") is not None:
             self.loader.load_state_dict(extra["loader"])
+        elif extra.get("row_feed") is not None:  # an asynchronous run's checkpoint
+            feed = extra["row_feed"]
+            if feed["pending"]:
+                raise ValueError(
+                    f"this run's checkpoint (step {extra['step']}) was written by the "
+                    f"asynchronous trainer with {len(feed['pending'])} rows started and "
+                    "not trained yet, which the synchronous trainer cannot hand out "
+                    "again: continue the run without --sync"
+                )
+            self.loader.load_state_dict(feed["loader"])  # rows_drawn: the feed's next
 
     def _save_samples(self, samples: list[Sample]) -> None:
         count = self.cfg.trainer.samples_to_save
@@ -460,3 +512,8 @@ class Trainer:
 
 def _rows_by_group(requests: list[EpisodeRequest]) -> dict[str, dict[str, Any]]:
     return {r.group_id: r.row for r in requests}
+
+
+def _rows_of(episodes: Iterable[EpisodeResult]) -> set[int]:
+    """The dataset rows of ``episodes`` (gateway sessions have none)."""
+    return {e.row_index for e in episodes if e.row_index >= 0}

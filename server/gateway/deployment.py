@@ -16,7 +16,7 @@ from agentrl.core.config import ModelConfig
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.models import resolve_model_config, short_model_name
 from agentrl.plugins import import_plugins_from_env, plugin_runtime_env
-from agentrl.server.client import ServerClient
+from agentrl.server.client import DataClient
 from agentrl.server.config import ServerConfig
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.gateway.app import build_app
@@ -32,7 +32,7 @@ GATEWAY_DEPLOYMENT_NAME = "Gateway"
 
 @serve.ingress()
 class Gateway:
-    """One replica holds the sessions in memory, a tokenizer, and a ``ServerClient`` of
+    """One replica holds the sessions in memory, a tokenizer, and a ``DataClient`` of
     the rollout deployment (whose affinity router then lives in this process)."""
 
     def __init__(
@@ -50,7 +50,7 @@ class Gateway:
         tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.tokenizer, trust_remote_code=model_cfg.trust_remote_code
         )
-        client = ServerClient.connect(
+        client = DataClient.connect(
             server_cfg.name,
             DEPLOYMENT_NAME,
             max_retries=server_cfg.max_retries,

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 
 class GenerateClient(Protocol):
-    """What the gateway needs from the rollout servers (``ServerClient`` implements it)."""
+    """What the gateway needs from the rollout servers (``DataClient`` implements it)."""
 
     async def generate(
         self, session_id: str | None, prompt_ids: list[int], sampling: SamplingParams | None = None

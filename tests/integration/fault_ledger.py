@@ -14,6 +14,7 @@ from typing import Any
 from code_task import code_tool_overrides
 
 from agentrl.trainer.async_trainer import AsyncTrainer
+from agentrl.trainer.audit import read_row_audit
 
 MULTI_TURN = "rollout.agent_name=agentrl.testing.loops:MultiTurnChatLoop"
 FULL_RUNS_ENV = "AGENTRL_FAULT_RUNS"
@@ -64,12 +65,20 @@ class Ledger:
     where the run stopped): how long training stood still."""
     optimizer: dict[str, int] | None = None
     """The independent count (``OptimizerLedger.counts``), where the test keeps one."""
+    audit: dict[str, int] | None = None
+    """The run directory's audit, read after the run (``read_row_audit``)."""
 
     def keep(self, optimizer: OptimizerLedger, last: AsyncTrainer, fault_at: float) -> None:
         """Take the independent count and the time to the first update after the fault
-        (``fault_at``, ``time.monotonic()``) from ``optimizer``."""
+        (``fault_at``, ``time.monotonic()``) from ``optimizer``, and the run directory's
+        audit."""
         self.optimizer = optimizer.counts(last)
         self.seconds_to_first_trained_step = optimizer.seconds_to_update_after(fault_at)
+        self.read_audit(last.run_dir)
+
+    def read_audit(self, run_dir: Path) -> None:
+        """The run directory's row audit, replayed after the run (every process gone)."""
+        self.audit = read_row_audit(run_dir).as_dict()
 
     def add_run(self, history: list[dict[str, float]]) -> None:
         """One ``fit`` call's logged steps (its queue counters are cumulative)."""
@@ -108,6 +117,10 @@ class Ledger:
         if self.optimizer is not None:
             assert self.optimizer["rows_lost"] == 0, self.optimizer
             assert self.optimizer["rows_trained_twice"] == 0, self.optimizer
+        if self.audit is not None:
+            assert self.audit["rows_lost"] == 0, self.audit
+            assert self.audit["rows_trained_twice"] == 0, self.audit
+            assert self.audit["episodes_trained_twice"] == 0, self.audit
 
 
 def _pending(state: dict) -> set[int]:

@@ -40,7 +40,7 @@ ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "o
 
 
 class RecordingClient:
-    """Passes calls to the real ServerClient and keeps every engine output."""
+    """Passes calls to the real DataClient and keeps every engine output."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -80,7 +80,7 @@ async def test_three_turn_tool_episode_lines_up_with_engine_outputs(cfg, client,
     loop_cfg.rollout.agent_name = "tool_agent"
     loop_cfg.rollout.tool_parser = "test_always_add"
     loop_cfg.rollout.max_assistant_turns = 3
-    recorder = RecordingClient(client)
+    recorder = RecordingClient(client.data)
     worker = AgentLoopWorker(
         loop_cfg, client=recorder, tools={"add": AddTool(tool_schema=ADD)}, tokenizer=tokenizer
     )

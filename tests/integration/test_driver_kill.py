@@ -66,7 +66,12 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     tiny_checkpoint, tmp_path, record_property
 ):
     ledger = Ledger("driver killed (SIGKILL), `agentrl train` run again")
-    extra = ["trainer.max_staleness=1", "trainer.save_every=1", "server.http_port=18781"]
+    extra = [
+        "trainer.max_staleness=1",
+        "trainer.save_every=1",
+        "server.http_port=18781",
+        "ray.log_to_driver=true",  # the workers' tracebacks in the log a failure prints
+    ]
     overrides = toy_overrides(tiny_checkpoint, tmp_path, STEPS, [*extra, *run_shape(tmp_path)])
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
@@ -125,4 +130,8 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     rows_accounted = (ledger.episodes_trained + ledger.episodes_dropped_stale) // group
     ledger.rows_lost = max(0, rows_done - rows_accounted)
     ledger.rows_duplicated = max(0, rows_accounted - rows_done)
+    # And independently, from the run directory's audit alone: the killed driver's
+    # updates after its last checkpoint are rolled back, every row settled once.
+    ledger.read_audit(run_dir)
+    assert ledger.audit["resumes"] == 1, ledger.audit
     ledger.record(record_property)

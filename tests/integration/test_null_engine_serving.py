@@ -20,11 +20,11 @@ import ray
 import torch
 
 from agentrl.core.types import RolloutError, SamplingParams
-from agentrl.server.client import ServerClient
+from agentrl.server.client import DataClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.null_engine import NULL_LOGPROB
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
-from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -55,14 +55,17 @@ async def client(tiny_checkpoint, public_path):
 @pytest.fixture(scope="module")
 async def coalescing(client, public_path):
     """A second client of the same replicas that coalesces its generate calls."""
-    return ServerClient.connect(
+    return DataClient.connect(
         "rollout", DEPLOYMENT_NAME, coalesce_max_batch=16, public_path=public_path
     )
 
 
 async def test_null_replicas_answer_with_fixed_tokens_and_keep_sessions(client):
     outs = await asyncio.gather(
-        *(client.generate(f"s{i % 8}", [1, 2, 3], SamplingParams(max_tokens=3)) for i in range(64))
+        *(
+            client.data.generate(f"s{i % 8}", [1, 2, 3], SamplingParams(max_tokens=3))
+            for i in range(64)
+        )
     )
     assert all(o.token_ids == TOKENS[:3] and o.logprobs == [NULL_LOGPROB] * 3 for o in outs)
     by_session: dict[str, set[str]] = {}
@@ -70,23 +73,23 @@ async def test_null_replicas_answer_with_fixed_tokens_and_keep_sessions(client):
         by_session.setdefault(f"s{i % 8}", set()).add(out.replica_id)
     assert all(len(replicas) == 1 for replicas in by_session.values())
     assert len({r for replicas in by_session.values() for r in replicas}) == 2
-    assert sum(s["requests"] for s in await client.stats()) == 64
+    assert sum(s["requests"] for s in await client.control.stats()) == 64
 
 
 async def test_pause_update_resume_reaches_every_null_replica(client):
-    await client.pause("keep")
-    held = asyncio.create_task(client.generate("held", [5], SamplingParams()))
+    await client.control.pause("keep")
+    held = asyncio.create_task(client.data.generate("held", [5], SamplingParams()))
     await asyncio.sleep(0.3)
     assert not held.done()
-    await ObjectStoreSync(client).push([("w", torch.zeros(2))], version=4)
-    await client.resume()
+    await ObjectStoreSync(client.control).push([("w", torch.zeros(2))], version=4)
+    await client.control.resume()
     out = await asyncio.wait_for(held, 30)
     assert out.token_versions == [4] * len(TOKENS)
-    assert [s["weight_version"] for s in await client.stats()] == [4, 4]
+    assert [s["weight_version"] for s in await client.control.stats()] == [4, 4]
 
 
 async def test_replicas_write_no_access_log_by_default(client):
-    await client.generate("logged", [1], SamplingParams())
+    await client.data.generate("logged", [1], SamplingParams())
     logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
     replica_logs = list(logs.glob("replica_rollout_RolloutServer_*.log"))
     assert replica_logs, f"no replica log in {logs}"
@@ -96,8 +99,8 @@ async def test_replicas_write_no_access_log_by_default(client):
 async def test_generate_calls_take_the_serve_path_the_config_asks_for(
     client, coalescing, public_path
 ):
-    await client.generate("path", [1])
-    for each in (client, coalescing):
+    await client.data.generate("path", [1])
+    for each in (client.data, coalescing):
         assert (each._data_handle() is each._handle) is public_path
 
 
@@ -141,11 +144,11 @@ def _replica_pid(replica_id: str) -> int:
 
 
 async def _replica_ids(client) -> set[str]:
-    return {s["replica_id"] for s in await client.stats()}
+    return {s["replica_id"] for s in await client.control.stats()}
 
 
 async def _served(client) -> dict[str, int]:
-    return {s["replica_id"]: s["requests"] for s in await client.stats()}
+    return {s["replica_id"]: s["requests"] for s in await client.control.stats()}
 
 
 async def test_coalesced_turns_keep_sessions_on_their_replicas_with_the_same_outputs(
@@ -185,7 +188,7 @@ async def test_a_burst_of_new_sessions_spreads_over_both_replicas_after_one_warm
 ):
     """A client that has seen one replica (one warm-up request) sends a burst of new
     sessions: they spread over both replicas, as single requests would."""
-    fresh = ServerClient.connect(
+    fresh = DataClient.connect(
         "rollout", DEPLOYMENT_NAME, coalesce_max_batch=64, public_path=public_path
     )
     await fresh.generate("burst-warm", [1], SamplingParams(max_tokens=1))
@@ -223,7 +226,7 @@ async def test_a_replica_killed_under_a_coalesced_call_loses_and_repeats_no_requ
     on_victim = [s for s, out in zip(sessions, first, strict=True) if out.replica_id == victim]
     (survivor,) = await _replica_ids(client) - {victim}
     pid = _replica_pid(victim)
-    await client.pause("keep")  # the victim holds the coalesced call until it dies
+    await client.control.pause("keep")  # the victim holds the coalesced call until it dies
     served = await _served(client)
     failures, coalesced = coalescing.replica_failures, coalescing.coalesced_requests
     turn = [
@@ -234,7 +237,7 @@ async def test_a_replica_killed_under_a_coalesced_call_loses_and_repeats_no_requ
     assert coalescing.coalesced_requests - coalesced == len(on_victim)
     os.kill(pid, signal.SIGKILL)
     await asyncio.sleep(2.0)  # the retries reach the paused survivor and wait there
-    await client.resume()
+    await client.control.resume()
     outs = await asyncio.wait_for(asyncio.gather(*turn), 60)
     assert [o.replica_id for o in outs] == [survivor] * len(on_victim)
     assert all(o.token_ids == TOKENS for o in outs)
@@ -247,7 +250,7 @@ async def test_a_replica_killed_under_a_coalesced_call_loses_and_repeats_no_requ
 
 # Runs last: the replica it kills comes back under a new id.
 async def test_sessions_move_once_when_their_replica_dies_and_never_when_it_returns(client):
-    sessions = _Sessions(client)
+    sessions = _Sessions(client.data)
     before = sessions.start("before-", 12)  # span the kill and the restart
     await asyncio.sleep(1.0)
     old = await _replica_ids(client)

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 from agentrl.testing.serving import rollout_servers, tiny_serving_config
-from agentrl.weight_sync import ObjectStoreSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -63,7 +63,7 @@ def _prompt(tokenizer, text: str) -> list[int]:
 
 
 async def test_generate_returns_tokens_and_logprobs(client, tokenizer):
-    out = await client.generate("s-basic", _prompt(tokenizer, "What is 3 + 4?"), GREEDY)
+    out = await client.data.generate("s-basic", _prompt(tokenizer, "What is 3 + 4?"), GREEDY)
     assert len(out.token_ids) == len(out.logprobs) == 8
     assert out.replica_id
     assert out.token_versions == [0] * 8
@@ -71,9 +71,9 @@ async def test_generate_returns_tokens_and_logprobs(client, tokenizer):
 
 async def test_second_turn_of_session_hits_same_replica_and_cache(client, tokenizer):
     turn1 = _prompt(tokenizer, "Tell me about the number water. " * 8)
-    first = await client.generate("s-multi", turn1, GREEDY)
+    first = await client.data.generate("s-multi", turn1, GREEDY)
     turn2 = turn1 + first.token_ids + tokenizer.encode("<|im_end|>\n<|im_start|>user\nmore")
-    second = await client.generate("s-multi", turn2, GREEDY)
+    second = await client.data.generate("s-multi", turn2, GREEDY)
     assert second.replica_id == first.replica_id
     assert second.num_cached_tokens > 0
 
@@ -81,17 +81,19 @@ async def test_second_turn_of_session_hits_same_replica_and_cache(client, tokeni
 async def test_concurrent_new_sessions_use_both_replicas(client, tokenizer):
     prompt = _prompt(tokenizer, "hello")
     slow = SamplingParams(max_tokens=64, temperature=1.0, ignore_eos=True)
-    outs = await asyncio.gather(*(client.generate(f"s-spread-{i}", prompt, slow) for i in range(8)))
+    outs = await asyncio.gather(
+        *(client.data.generate(f"s-spread-{i}", prompt, slow) for i in range(8))
+    )
     assert len({o.replica_id for o in outs}) == 2
 
 
 async def test_abort_returns_partial_output(client, tokenizer):
     long = SamplingParams(max_tokens=600, temperature=1.0, ignore_eos=True)
     task = asyncio.create_task(
-        client.generate("s-abort", _prompt(tokenizer, "Count"), long, request_id="abort-me")
+        client.data.generate("s-abort", _prompt(tokenizer, "Count"), long, request_id="abort-me")
     )
     await asyncio.sleep(1.0)
-    await client.abort("abort-me")
+    await client.control.abort("abort-me")
     out = await asyncio.wait_for(task, timeout=60)
     assert out.finish_reason == "abort"
     assert 0 < len(out.token_ids) < 600
@@ -99,13 +101,15 @@ async def test_abort_returns_partial_output(client, tokenizer):
 
 async def test_update_weights_reaches_every_replica(client, tokenizer, hf_state):
     prompt = _prompt(tokenizer, "What is 40 + 2?")
-    before = await client.generate(None, prompt, GREEDY)
+    before = await client.data.generate(None, prompt, GREEDY)
     gen = torch.Generator().manual_seed(0)
     perturbed = [(n, t + 0.5 * torch.randn(t.shape, generator=gen)) for n, t in hf_state.items()]
-    await ObjectStoreSync(client).push(perturbed, version=1)
-    stats = await client.stats()
+    await ObjectStoreSync(client.control).push(perturbed, version=1)
+    stats = await client.control.stats()
     assert sorted(s["weight_version"] for s in stats) == [1, 1]
-    outs = await asyncio.gather(*(client.generate(f"s-upd-{i}", prompt, GREEDY) for i in range(4)))
+    outs = await asyncio.gather(
+        *(client.data.generate(f"s-upd-{i}", prompt, GREEDY) for i in range(4))
+    )
     assert len({o.replica_id for o in outs}) == 2
     for out in outs:
         assert out.token_ids != before.token_ids
@@ -114,11 +118,11 @@ async def test_update_weights_reaches_every_replica(client, tokenizer, hf_state)
 
 async def test_pause_keep_update_resume_versions_tokens_old_then_new(client, tokenizer, hf_state):
     long = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
-    task = asyncio.create_task(client.generate("s-keep", _prompt(tokenizer, "Go"), long))
+    task = asyncio.create_task(client.data.generate("s-keep", _prompt(tokenizer, "Go"), long))
     await asyncio.sleep(0.3)
-    await client.pause(PauseMode.KEEP)
-    await ObjectStoreSync(client).push(list(hf_state.items()), version=2)
-    await client.resume()
+    await client.control.pause(PauseMode.KEEP)
+    await ObjectStoreSync(client.control).push(list(hf_state.items()), version=2)
+    await client.control.resume()
     out = await asyncio.wait_for(task, timeout=120)
     assert out.finish_reason == "length"
     assert out.token_versions[0] == 1 and out.token_versions[-1] == 2
@@ -137,41 +141,41 @@ async def test_bad_request_gets_clear_error_and_replica_stays_up(
     client, tokenizer, prompt, sampling, message
 ):
     with pytest.raises(RolloutError, match=message):
-        await client.generate("s-bad", prompt, sampling)
-    ok = await client.generate("s-bad", _prompt(tokenizer, "fine?"), GREEDY)
+        await client.data.generate("s-bad", prompt, sampling)
+    ok = await client.data.generate("s-bad", _prompt(tokenizer, "fine?"), GREEDY)
     assert len(ok.token_ids) == 8
 
 
 async def test_bad_weight_update_is_rejected_everywhere(client, hf_state):
     name = next(iter(hf_state))
     with pytest.raises(RolloutError, match="shape"):
-        await ObjectStoreSync(client).push([(name, torch.zeros(2, 2))], version=99)
-    assert all(s["weight_version"] == 2 for s in await client.stats())
+        await ObjectStoreSync(client.control).push([(name, torch.zeros(2, 2))], version=99)
+    assert all(s["weight_version"] == 2 for s in await client.control.stats())
 
 
 async def test_object_store_sync_pushes_buckets_while_requests_are_in_flight(
     client, tokenizer, hf_state
 ):
-    sync = ObjectStoreSync(client, bucket_bytes=64 * 1024)
+    sync = ObjectStoreSync(client.control, bucket_bytes=64 * 1024)
     long = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
-    task = asyncio.create_task(client.generate("s-sync", _prompt(tokenizer, "Go"), long))
+    task = asyncio.create_task(client.data.generate("s-sync", _prompt(tokenizer, "Go"), long))
     await asyncio.sleep(0.3)
     timings = await sync.push(hf_state.items(), version=3)
     out = await asyncio.wait_for(task, timeout=120)
     assert timings.num_buckets > 1
     assert timings.num_tensors == len(hf_state)
     assert 0 < timings.pause_s <= timings.total_s
-    assert all(s["weight_version"] == 3 for s in await client.stats())
+    assert all(s["weight_version"] == 3 for s in await client.control.stats())
     assert out.token_versions[0] == 2 and out.token_versions[-1] == 3
 
 
 async def test_killed_replica_in_flight_and_later_requests_complete(client, tokenizer):
     long = SamplingParams(max_tokens=900, temperature=1.0, ignore_eos=True)
-    probe = await client.generate("s-victim", _prompt(tokenizer, "x"), GREEDY)
+    probe = await client.data.generate("s-victim", _prompt(tokenizer, "x"), GREEDY)
     victim = probe.replica_id
-    failures_before = client.replica_failures
+    failures_before = client.data.replica_failures
     in_flight = [
-        asyncio.create_task(client.generate("s-victim", _prompt(tokenizer, f"y{i}"), long))
+        asyncio.create_task(client.data.generate("s-victim", _prompt(tokenizer, f"y{i}"), long))
         for i in range(3)
     ]
     await asyncio.sleep(0.3)
@@ -184,7 +188,7 @@ async def test_killed_replica_in_flight_and_later_requests_complete(client, toke
     outs = await asyncio.wait_for(asyncio.gather(*in_flight), timeout=300)
     assert all(len(o.token_ids) == 900 for o in outs)
     assert all(o.replica_id != victim for o in outs)
-    later = await client.generate("s-victim", _prompt(tokenizer, "after"), GREEDY)
+    later = await client.data.generate("s-victim", _prompt(tokenizer, "after"), GREEDY)
     assert later.replica_id != victim
     # The first in-flight request always sat on the victim, so at least one retry happened.
-    assert client.replica_failures > failures_before
+    assert client.data.replica_failures > failures_before

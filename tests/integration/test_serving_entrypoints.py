@@ -86,7 +86,9 @@ def test_readme_from_python_snippet_runs_as_a_script(tmp_path):
     """As the README says to run it in a script: inside an ``async def``, ``asyncio.run``.
     Before ``ray_local`` (a Ray of its own in the subprocess, same ports)."""
     script = tmp_path / "snippet.py"
-    script.write_text(SCRIPT.format(tiny=TINY_HF, snippet=_readme_serving_snippet()))
+    # Workers' output on this console too: the check below reads the controller's.
+    overrides = [*TINY_HF, "ray.log_to_driver=true"]
+    script.write_text(SCRIPT.format(tiny=overrides, snippet=_readme_serving_snippet()))
     done = subprocess.run(
         [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams
 from agentrl.models.tiny import build_tiny_checkpoint
-from agentrl.server import vllm_engine
+from agentrl.server import vllm_weights
 from agentrl.server.vllm_engine import VLLMEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -158,14 +158,14 @@ async def test_held_request_continues_under_the_new_weights(engine, hf_model):
 async def test_failed_staging_keeps_the_old_weights_and_version(engine, hf_model, monkeypatch):
     version = engine.weight_version
     before = await _greedy(engine, "pre-fail")
-    write = vllm_engine._write_shared_file
+    write = vllm_weights._write_shared_file
 
     def write_then_lose(tensors):
         path, plan = write(tensors)
         os.unlink(path)  # the workers cannot read the staged tensors
         return path, plan
 
-    monkeypatch.setattr(vllm_engine, "_write_shared_file", write_then_lose)
+    monkeypatch.setattr(vllm_weights, "_write_shared_file", write_then_lose)
     long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
     task = asyncio.create_task(engine.generate("during-fail", PROMPTS[1], long))
     await asyncio.sleep(0.1)
@@ -178,7 +178,7 @@ async def test_failed_staging_keeps_the_old_weights_and_version(engine, hf_model
     assert engine.weight_version == version
     assert await _greedy(engine, "post-fail") == before
 
-    monkeypatch.setattr(vllm_engine, "_write_shared_file", write)
+    monkeypatch.setattr(vllm_weights, "_write_shared_file", write)
     model, state = _perturbed(hf_model, seed=31)
     await engine.swap_weights([state], version + 1, PauseMode.KEEP)
     out = await engine.generate("recovered", PROMPTS[0], GREEDY)

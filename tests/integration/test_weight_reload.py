@@ -26,8 +26,7 @@ from agentrl.config import EngineConfig, ModelConfig
 from agentrl.core.types import PauseMode, SamplingParams
 from agentrl.models.tiny import build_tiny_checkpoint
 from agentrl.server.vllm_engine import VLLMEngine
-from agentrl.server.weight_receivers import BroadcastReceiver
-from agentrl.weight_sync import BroadcastRoot
+from agentrl.server.weight_transport.broadcast import BroadcastReceiver, BroadcastRoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -176,7 +175,7 @@ async def test_a_broadcast_push_is_received_by_the_workers_in_one_reload(
     """The broadcast receiver's in-place path: this process is rank 0, the engine's
     worker the other rank; the workers receive the buckets themselves and reload once."""
     monkeypatch.setattr("agentrl.server.collective.node_ip", lambda: "127.0.0.1")
-    monkeypatch.setattr("agentrl.server.weight_receivers.node_ip", lambda: "127.0.0.1")
+    monkeypatch.setattr("agentrl.server.weight_transport.broadcast.node_ip", lambda: "127.0.0.1")
     model = _perturbed(hf_model, ("proj", "layernorm"), seed=123)
     receiver = BroadcastReceiver(engine, "r-0")
     info = await receiver.prepare("info")

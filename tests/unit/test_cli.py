@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from agentrl.testing.benchmarks import (
     run_benchmark,
 )
 
-COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "bench")
+COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "audit", "bench")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -252,3 +253,51 @@ def test_config_rejects_a_bad_key_or_value_with_exit_status_2(override, named, c
 def test_config_reports_a_missing_file(tmp_path, caplog):
     assert main(["config", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml not found" in caplog.text
+
+
+@pytest.fixture
+def serve_logger():
+    """The ``ray.serve`` logger, as importing ray.serve leaves it, restored afterwards."""
+    logger = logging.getLogger("ray.serve")
+    saved = (logger.level, list(logger.filters), list(logger.handlers), logger.propagate)
+    yield logger
+    logger.setLevel(saved[0])
+    logger.filters[:], logger.handlers[:], logger.propagate = saved[1], saved[2], saved[3]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_serve_s_driver_info_is_silenced_even_after_ray_serve_is_imported(
+    verbose, serve_logger, capsys
+):
+    assert main([*(["-v"] if verbose else []), "config"]) == 0
+    capsys.readouterr()
+    # What `import ray.serve` does when the command gets to it (configure_default_serve
+    # _logger): its own level and handler, not propagated.
+    serve_logger.setLevel(logging.INFO)
+    records = _Records()
+    serve_logger.handlers[:], serve_logger.propagate = [records], False
+    serve_logger.info("Deployed app 'rollout' successfully.")
+    serve_logger.warning("a replica is slow to start")
+    shown = [r.getMessage() for r in records.records]
+    if verbose:
+        assert shown == ["Deployed app 'rollout' successfully.", "a replica is slow to start"]
+    else:
+        assert shown == ["a replica is slow to start"]
+
+
+def test_verbose_echoes_workers_output_unless_the_command_line_says_otherwise(capsys):
+    assert main(["-v", "config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["ray"]["log_to_driver"] is True
+    assert main(["-v", "config", "ray.log_to_driver=false"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["ray"]["log_to_driver"] is False
+    assert main(["config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["ray"]["log_to_driver"] is False

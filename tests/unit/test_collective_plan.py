@@ -1,6 +1,6 @@
 """Weight-broadcast group: bucket layout, rank layout, and the protocol over real gloo.
 
-The replicas here are a fake ``ServerClient`` whose "workers" are threads holding real
+The replicas here are a fake ``ControlClient`` whose "workers" are threads holding real
 ``BroadcastGroup`` ranks, so the sync's rank layout (several workers per replica, as with
 tensor parallelism), group reuse and re-forming run without vLLM.
 """
@@ -24,14 +24,13 @@ from agentrl.server.collective import (
     bucket_plans,
     unpack,
 )
-from agentrl.server.weight_receivers import RECEIVERS
-from agentrl.weight_sync import (
+from agentrl.server.weight_transport import make_weight_sync, receiver_class
+from agentrl.server.weight_transport.broadcast import (
     CollectiveBroadcastSync,
     NCCLBroadcastSync,
-    ObjectStoreSync,
     cast_floats,
-    make_weight_sync,
 )
+from agentrl.server.weight_transport.object_store import ObjectStoreSync
 
 
 def test_bucket_plan_aligns_every_tensor_and_round_trips_through_the_wire():
@@ -94,7 +93,7 @@ def test_the_weight_sync_section_picks_the_strategy_and_its_receiver():
     assert sync._timeout_s == 30 and sync.receiver == "broadcast"
     for kind in ("object_store", "gloo", "nccl"):
         sync = make_weight_sync(WeightSyncConfig(kind=kind), object())  # type: ignore[arg-type]
-        assert sync.receiver in RECEIVERS
+        assert receiver_class(sync.receiver).kind == sync.receiver
     with pytest.raises(ValueError, match="weight_sync"):
         load_config(None, ["weight_sync.kind=rdma"])
 
@@ -126,7 +125,7 @@ def test_a_missing_rank_times_out_at_the_join_with_a_clear_error():
 
 
 class _FakeReplicas:
-    """``ServerClient``'s weight calls to broadcast receivers, answered by worker threads
+    """``ControlClient``'s weight calls to broadcast receivers, answered by worker threads
     of fake replicas."""
 
     def __init__(self, workers: dict[str, int]) -> None:
@@ -137,6 +136,8 @@ class _FakeReplicas:
         self.versions: dict[str, int] = {}
         self.joins = 0
         self.checks = 0
+        self.dies_after_bucket: dict[str, int] = {}  # replica -> buckets it receives, then dies
+        self.survivor_errors: list[str] = []
 
     async def prepare_weights(self, kind, step, *args):
         assert kind == "broadcast"
@@ -177,14 +178,28 @@ class _FakeReplicas:
     async def swap(self, group_id, plans, version, mode):
         def receive(key: tuple[str, int]) -> None:
             got = {}
-            for plan in plans_from_wire(plans):
-                got.update((n, t.clone()) for n, t in self.groups[key].receive_bucket(plan))
+            for number, plan in enumerate(plans_from_wire(plans)):
+                if number == self.dies_after_bucket.get(key[0]):
+                    self.die(key[0])
+                    raise RuntimeError(f"replica {key[0]} died")
+                try:
+                    bucket = self.groups[key].receive_bucket(plan)
+                except Exception as error:
+                    self.survivor_errors.append(f"{key[0]}: {error}")
+                    raise
+                got.update((n, t.clone()) for n, t in bucket)
             self.received[key] = got
 
         assert all(self.group_id[r] == group_id for r in self.workers)
-        await asyncio.gather(*(asyncio.to_thread(receive, key) for key in self.groups))
+        await asyncio.gather(*(asyncio.to_thread(receive, key) for key in list(self.groups)))
         self.versions = dict.fromkeys(self.workers, version)
         return [0.01] * len(self.workers)
+
+    def die(self, replica: str) -> None:
+        """The replica's process ends: its ranks' sockets close, and it answers no more."""
+        del self.workers[replica], self.group_id[replica]
+        for key in [k for k in self.groups if k[0] == replica]:
+            self.groups.pop(key).close()
 
     async def leave(self):
         for group in self.groups.values():
@@ -243,7 +258,7 @@ async def test_every_worker_of_every_replica_receives_every_tensor(loopback):
 
 
 class _GatheringSource:
-    """A weight source that can only hand its weights over (no ``weight_sender``)."""
+    """A weight source that can only hand its weights over (no ``call_root``)."""
 
     def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         self.weights = weights
@@ -272,7 +287,7 @@ async def test_a_source_that_cannot_be_rank_0_is_gathered_here_and_broadcast(loo
 
 async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
     replicas = _FakeReplicas({"r-0": 1})
-    sync = CollectiveBroadcastSync(replicas, join_timeout_s=10, timeout_s=2)  # type: ignore[arg-type]
+    sync = CollectiveBroadcastSync(replicas, join_timeout_s=10, timeout_s=2, push_attempts=1)  # type: ignore[arg-type]
     await sync.push(_weights(), version=1)
 
     async def dead_replica(*args):
@@ -284,6 +299,53 @@ async def test_a_failed_broadcast_drops_the_group_with_a_clear_error(loopback):
         await sync.push(_weights(), version=2)
     assert time.perf_counter() - start < 15  # rank 0's broadcast times out (timeout_s)
     assert sync._group is None
+
+
+async def test_a_replica_dying_mid_broadcast_fails_fast_and_the_push_goes_to_the_rest(
+    loopback, monkeypatch, caplog
+):
+    monkeypatch.setattr("agentrl.server.weight_transport.broadcast.RETRY_DELAY_S", 0.1)
+    replicas = _FakeReplicas({"r-0": 1, "r-1": 1})
+    timeout_s = 30.0  # how long a member could wait in a broadcast that will never come
+    sync = CollectiveBroadcastSync(
+        replicas, bucket_bytes=200, join_timeout_s=10, timeout_s=timeout_s
+    )  # type: ignore[arg-type]
+    weights = _weights()
+    await sync.push(weights, version=1)
+    replicas.dies_after_bucket = {"r-1": 2}  # receives 2 of 5 buckets, then its process ends
+
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="agentrl.server.weight_transport.broadcast"):
+        timings = await sync.push(weights, version=2)
+    elapsed = time.perf_counter() - start
+
+    # The first attempt failed for every member: r-1 died, r-0 was cut off mid-push when
+    # rank 0 dropped the group (not after timeout_s); the second formed a group of r-0.
+    assert elapsed < timeout_s / 3, elapsed
+    assert replicas.survivor_errors and replicas.survivor_errors[0].startswith("r-0")
+    assert "version 2 failed (attempt 1 of 3)" in caplog.text
+    assert replicas.joins == 2 and replicas.versions == {"r-0": 2}
+    got = replicas.received["r-0", 0]
+    assert all(torch.equal(got[name], tensor) for name, tensor in weights)
+    assert timings.num_tensors == len(weights)
+    await sync.close()
+
+
+async def test_a_push_that_keeps_failing_raises_after_its_attempts(loopback, monkeypatch):
+    monkeypatch.setattr("agentrl.server.weight_transport.broadcast.RETRY_DELAY_S", 0.01)
+    replicas = _FakeReplicas({"r-0": 1})
+    sync = CollectiveBroadcastSync(replicas, join_timeout_s=10, timeout_s=2, push_attempts=2)  # type: ignore[arg-type]
+    attempts = 0
+
+    async def failing_info():
+        nonlocal attempts
+        attempts += 1
+        raise RuntimeError(f"no answer {attempts}")
+
+    replicas.info = failing_info
+    with pytest.raises(RuntimeError, match="no answer 2"):
+        await sync.push(_weights(), version=1)
+    assert attempts == 2
 
 
 def test_the_removed_actor_gather_bucket_knob_is_ignored_with_a_warning(caplog):

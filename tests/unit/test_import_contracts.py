@@ -1,12 +1,12 @@
 """Layer contracts, checked on what a process *loads*, not only on direct imports.
 
-Each entry point is imported in a fresh interpreter and the ``agentrl`` modules that
-ended up in ``sys.modules`` are compared with what its layer may depend on
-(docs/architecture.md, "Layers"): a rollout replica loads no trainer, algorithm or
-agent-loop code; an agent loop or an agent-loop worker no trainer or algorithm code; a
-tool no agent-loop or trainer code; the algorithms nothing of the project but the core;
-the core nothing of the project and no heavy package (torch, Ray, transformers, ...).
-No entry point loads FSDP, except where transformers itself does.
+Each entry point is imported in a fresh interpreter, its light entry points are called
+(``Contract.exercise``: building a config, an engine without a model, a weight receiver,
+a queue, ...), and only then are the ``agentrl`` modules in ``sys.modules`` compared with
+the allow-list of its layer (docs/architecture.md, "Layers"): every module it loaded must
+belong to its own layer or to one below. The core must load nothing of the project and no
+heavy package (torch, Ray, transformers, ...); an FSDP rank loads no Ray Serve; no entry
+point loads FSDP, except where transformers itself does.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 # Records every module whose import statements name torch.distributed.fsdp (or its
-# composable alias), loaded already or not, by wrapping builtins.__import__.
+# composable alias), loaded already or not, by wrapping builtins.__import__; then imports
+# the entry point, runs its exercise and reports what the process loaded.
 _PROBE = """
 import builtins, json, sys
 
@@ -39,9 +41,9 @@ def _witness(name, globals=None, locals=None, fromlist=(), level=0):
 
 builtins.__import__ = _witness
 import {module}
+{exercise}
 print(json.dumps({{
-    "agentrl": sorted(n for n in sys.modules if n == "agentrl" or n.startswith("agentrl.")),
-    "top_level": sorted({{n.partition(".")[0] for n in sys.modules}}),
+    "modules": sorted(sys.modules),
     "fsdp_importers": sorted(_importers),
 }}))
 """
@@ -53,70 +55,218 @@ print(json.dumps({{
 _TOLERATED_FSDP_IMPORTERS = ("transformers.",)
 
 
-@dataclass(frozen=True)
-class Contract:
-    """``module`` may load no module matching ``forbidden`` unless it matches ``allowed``.
-
-    A pattern ``pkg.*`` matches ``pkg`` and everything under it; any other pattern
-    matches that one module.
-    """
-
-    module: str
-    forbidden: tuple[str, ...]
-    allowed: tuple[str, ...] = ()
-
-
-def _contract_id(contract: Contract) -> str:
-    return contract.module
-
-
 def _matches(name: str, pattern: str) -> bool:
+    """A pattern ``pkg.*`` matches ``pkg`` and everything under it; any other pattern
+    matches that one module."""
     if pattern.endswith(".*"):
         package = pattern[:-2]
         return name == package or name.startswith(package + ".")
     return name == pattern
 
 
+# -- the layers, bottom up: what a process of each may load of the project ---------------
+
+# The core, and the package-root helpers and models that count as core.
+CORE = ("agentrl", "agentrl.core.*", "agentrl.chat_template", "agentrl.plugins", "agentrl.models.*")
+ALGORITHMS = (*CORE, "agentrl.algos.*")
+TOOLS = (*CORE, "agentrl.tools.*")
+SERVER = (*TOOLS, "agentrl.server.*")
+# Agent loops see the server only through its client (and the config it is made from).
+SERVER_CLIENT = (
+    "agentrl.server",
+    "agentrl.server.affinity",
+    "agentrl.server.client",
+    "agentrl.server.config",
+    "agentrl.server.ray_compat",
+)
+AGENT_LOOPS = (*TOOLS, *SERVER_CLIENT, "agentrl.agent_loops.*")
+ROLLOUT = (*SERVER, *AGENT_LOOPS, "agentrl.rollout.*")
+# The trainer may load every layer below it, and the data and reward packages beside them;
+# never the test helpers.
+TRAINER = (*ALGORITHMS, *ROLLOUT, "agentrl.data.*", "agentrl.reward.*", "agentrl.trainer.*")
+
+# What an FSDP rank may not load: Ray Serve (the rollout deployment's client and router).
+_SERVE = ("ray.serve.*", "agentrl.server.client", "server.client")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """``module``, once imported and ``exercise``d, loads only modules matching
+    ``allowed`` of the project, and none matching ``forbidden`` at all (any package)."""
+
+    module: str
+    allowed: tuple[str, ...]
+    exercise: str = ""
+    forbidden: tuple[str, ...] = ()
+
+
+def _contract_id(contract: Contract) -> str:
+    return contract.module
+
+
 def _violations(contract: Contract, loaded: list[str]) -> list[str]:
-    return [
-        name
-        for name in loaded
-        if any(_matches(name, p) for p in contract.forbidden)
-        and not any(_matches(name, p) for p in contract.allowed)
+    """The modules of ``loaded`` that ``contract`` does not allow."""
+    ours = [n for n in loaded if _matches(n, "agentrl.*")]
+    return [n for n in ours if not any(_matches(n, p) for p in contract.allowed)] + [
+        n for n in loaded if any(_matches(n, p) for p in contract.forbidden)
     ]
 
 
-# No production entry point loads the test helpers (agentrl.testing).
-_SERVER_FORBIDS = (
-    "agentrl.trainer.*",
-    "agentrl.algos.*",
-    "agentrl.agent_loops.*",
-    "agentrl.testing.*",
-)
-_LOOPS_FORBID = ("agentrl.trainer.*", "agentrl.algos.*", "agentrl.testing.*")
+_NULL_ENGINE = """
+import asyncio
+from agentrl.core.config import ModelConfig
+from agentrl.core.types import PauseMode, SamplingParams
+from agentrl.server.config import EngineConfig
+from agentrl.server.factory import create_engine
+from agentrl.server.weight_transport import receiver_class
+
+async def exercise():
+    engine = create_engine(
+        ModelConfig(path="unused"), EngineConfig(backend="null", null_token_ids=[7])
+    )
+    await engine.generate("r", [1, 2], SamplingParams(max_tokens=2))
+
+    async def bucket():
+        return []
+
+    await receiver_class("object_store")(engine, "r-0").swap([bucket()], 1, PauseMode.KEEP)
+    await engine.shutdown()
+
+asyncio.run(exercise())
+"""
 
 CONTRACTS = [
-    Contract("agentrl.server.deployment", _SERVER_FORBIDS),
-    Contract("agentrl.server.vllm_engine", _SERVER_FORBIDS),
-    Contract("agentrl.server.gateway.deployment", _SERVER_FORBIDS),
-    Contract("agentrl.agent_loops.tool_agent", _LOOPS_FORBID),
-    Contract("agentrl.agent_loops.external", _LOOPS_FORBID),
-    Contract("agentrl.tools", ("agentrl.agent_loops.*", "agentrl.trainer.*", "agentrl.testing.*")),
+    # A rollout replica: its engine answers and takes a weight push through a receiver.
+    Contract("agentrl.server.deployment", SERVER, _NULL_ENGINE),
+    Contract(
+        "agentrl.server.vllm_engine",
+        SERVER,
+        """
+from agentrl.core.types import SamplingParams
+from agentrl.server.vllm_args import sampling_params
+from agentrl.server.vllm_weights import TESTED_VLLM_VERSIONS, weight_swap_for
+sampling_params(SamplingParams(max_tokens=4), 3, 16, None)
+weight_swap_for("staged", TESTED_VLLM_VERSIONS[0])
+""",
+    ),
+    # What vLLM loads in every worker process (worker_extension_cls), with the worker
+    # half of a transport: light, no Ray Serve.
+    Contract(
+        "agentrl.server.vllm_worker_ext",
+        SERVER,
+        """
+import torch
+from agentrl.server.vllm_worker_ext import decode_tensor, encode_tensor
+from agentrl.server.weight_transport import receiver_class
+decode_tensor(encode_tensor("w", torch.ones(2)))
+receiver_class("broadcast").on_worker
+""",
+        forbidden=_SERVE,
+    ),
+    Contract(
+        "agentrl.server.gateway.deployment",
+        SERVER,
+        """
+from agentrl.server.gateway.config import GatewayConfig
+from agentrl.server.gateway.deployment import served_model_names
+served_model_names(GatewayConfig(), "builtin:tiny-qwen2")
+""",
+    ),
+    Contract(
+        "agentrl.agent_loops.tool_agent",
+        AGENT_LOOPS,
+        """
+from agentrl.agent_loops.registry import get_agent_loop
+get_agent_loop("tool_agent")
+""",
+    ),
+    Contract(
+        "agentrl.agent_loops.external",
+        AGENT_LOOPS,
+        """
+from agentrl.agent_loops.registry import get_agent_loop
+get_agent_loop("external")
+""",
+    ),
+    Contract(
+        "agentrl.tools",
+        TOOLS,
+        """
+from agentrl.tools.parsers import get_tool_parser
+get_tool_parser("hermes").parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+""",
+    ),
     # The agent-loop worker reads its own sections of the config (AgentLoopWorkerConfig),
     # so not even the trainer's or the algorithms' config sections are loaded.
-    Contract("agentrl.rollout.worker", _LOOPS_FORBID),
+    Contract(
+        "agentrl.rollout.worker",
+        ROLLOUT,
+        """
+from agentrl.rollout.worker import AgentLoopWorkerConfig
+AgentLoopWorkerConfig.of({"rollout": {"n": 2}, "model": {"path": "unused"}}).resolved()
+""",
+    ),
+    # The manager resolves the workers' sections (as it does before starting them) and
+    # plans episodes; it starts no Ray here.
+    Contract(
+        "agentrl.rollout.manager",
+        ROLLOUT,
+        """
+from agentrl.core.types import SamplingParams
+from agentrl.rollout.episode import make_requests
+from agentrl.rollout.worker import AgentLoopWorkerConfig
+AgentLoopWorkerConfig.of({"rollout": {"n": 2}, "model": {"path": "unused"}}).resolved()
+make_requests([{"prompt": "p"}], 2, SamplingParams())
+""",
+    ),
+    Contract(
+        "agentrl.rollout.queue",
+        ROLLOUT,
+        """
+import asyncio
+from agentrl.rollout.queue import TrajectoryQueue
+
+async def exercise():
+    queue = TrajectoryQueue(batch_groups=1, group_size=2, max_staleness=1, max_concurrency=2)
+    await queue.set_version(1)
+    await queue.close()
+    assert await queue.get_batch(timeout_s=1.0) is None
+
+asyncio.run(exercise())
+""",
+    ),
     # Nothing of the project but the algorithms themselves and the core.
     Contract(
         "agentrl.algos",
-        ("agentrl.*",),
-        allowed=("agentrl", "agentrl.algos.*", "agentrl.core.*"),
+        ALGORITHMS,
+        """
+import torch
+from agentrl.algos.advantages import AdvantageInputs, compute_advantages
+from agentrl.algos.config import AlgorithmConfig
+mask = torch.ones(2, 3)
+inputs = AdvantageInputs(token_level_rewards=mask, response_mask=mask, index=["a", "a"])
+compute_advantages(inputs, AlgorithmConfig(adv_estimator="grpo"))
+""",
+    ),
+    # An FSDP rank: the trainer's roles and the broadcast root they hold; no Ray Serve.
+    Contract(
+        "agentrl.trainer.fsdp_worker",
+        TRAINER,
+        """
+import torch
+from agentrl.server.weight_transport.base import bucketize
+from agentrl.server.weight_transport.broadcast import BroadcastRoot
+BroadcastRoot().stage(bucketize([("model.layers.0.w", torch.ones(2))], 1024), "float32")
+""",
+        forbidden=_SERVE,
     ),
 ]
 
 
-def _loaded_by(module: str) -> dict[str, list[str]]:
+def _loaded_by(module: str, exercise: str = "") -> dict[str, list[str]]:
+    code = _PROBE.format(module=module, exercise=textwrap.dedent(exercise))
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(module=module)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=300,
@@ -126,16 +276,17 @@ def _loaded_by(module: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("contract", CONTRACTS, ids=_contract_id)
-def test_entry_point_loads_only_the_layers_below_it(contract: Contract) -> None:
-    loaded = _loaded_by(contract.module)
-    leaked = _violations(contract, loaded["agentrl"])
+def test_entry_point_loads_only_its_layer_and_those_below(contract: Contract) -> None:
+    loaded = _loaded_by(contract.module, contract.exercise)
+    leaked = _violations(contract, loaded["modules"])
     assert not leaked, (
-        f"importing {contract.module} loads modules its layer may not depend on: {leaked}"
+        f"{contract.module} (imported and exercised) loads modules its layer may not "
+        f"depend on: {leaked}"
     )
     fsdp_importers = [
         m for m in loaded["fsdp_importers"] if not m.startswith(_TOLERATED_FSDP_IMPORTERS)
     ]
-    assert not fsdp_importers, (
+    assert not fsdp_importers or contract.module.startswith("agentrl.trainer."), (
         f"importing {contract.module} loads torch.distributed.fsdp, imported by {fsdp_importers}"
     )
 
@@ -152,17 +303,18 @@ _HEAVY_PACKAGES = ("torch", "ray", "transformers", "vllm", "numpy", "tokenizers"
 
 @pytest.mark.parametrize("module", _CORE_MODULES)
 def test_core_loads_nothing_of_the_project_and_no_heavy_package(module: str) -> None:
-    loaded = _loaded_by(module)
-    outside_core = [n for n in loaded["agentrl"] if not _matches(n, "agentrl.core.*")]
+    loaded = _loaded_by(module)["modules"]
+    ours = [n for n in loaded if _matches(n, "agentrl.*")]
+    outside_core = [n for n in ours if not _matches(n, "agentrl.core.*")]
     assert outside_core == ["agentrl"], f"{module} loads {outside_core}"
-    heavy = sorted(set(loaded["top_level"]) & set(_HEAVY_PACKAGES))
+    heavy = sorted({n.partition(".")[0] for n in loaded} & set(_HEAVY_PACKAGES))
     assert not heavy, f"{module} loads {heavy}"
 
 
-def test_violations_names_forbidden_modules_and_spares_allowed_ones() -> None:
-    contract = Contract("x", ("agentrl.trainer.*",), allowed=("agentrl.trainer.config",))
-    loaded = ["agentrl.trainer.config", "agentrl.trainer.group", "agentrl.trainers_extra"]
-    assert _violations(contract, loaded) == ["agentrl.trainer.group"]
+def test_violations_name_modules_outside_the_allow_list_and_forbidden_ones() -> None:
+    contract = Contract("x", ("agentrl", "agentrl.core.*"), forbidden=("ray.serve.*",))
+    loaded = ["agentrl", "agentrl.core.types", "agentrl.trainer.group", "ray", "ray.serve.api"]
+    assert _violations(contract, loaded) == ["agentrl.trainer.group", "ray.serve.api"]
 
 
 def test_probe_names_our_module_that_imports_fsdp() -> None:
@@ -222,5 +374,5 @@ def test_worker_with_vllm_parsers_loads_no_engine() -> None:
         and n.rsplit(".", 1)[1] not in _VLLM_MODEL_PLUMBING
     ]
     assert not engine and not models, f"the worker loads vLLM's engine: {engine + models}"
-    leaked = _violations(Contract("worker", _LOOPS_FORBID), loaded)
+    leaked = _violations(Contract("worker", ROLLOUT), loaded)
     assert not leaked, leaked

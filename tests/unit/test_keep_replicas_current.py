@@ -1,8 +1,10 @@
 """Trainer.keep_replicas_current over a fake client and weight sync: a replica that came
-back with old weights gets the current ones; one that never takes them stops the run."""
+back with old weights gets the current ones; one that never takes them stops the run. And
+``Trainer.fit`` owns the rollout client: it closes it however the steps end."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,8 +36,8 @@ class _Sync:
 def _trainer(versions: list[int], version: int, lost: bool = False) -> Trainer:
     trainer = Trainer(load_config(None, []))
     trainer.version, trainer.actor = version, object()
-    trainer.client = _Client(versions)
-    trainer.sync = _Sync(trainer.client, lost)
+    trainer.client = SimpleNamespace(control=_Client(versions))
+    trainer.sync = _Sync(trainer.client.control, lost)
     return trainer
 
 
@@ -44,7 +46,7 @@ async def test_a_replica_with_old_weights_gets_the_current_version_once():
     await trainer.keep_replicas_current()
     await trainer.keep_replicas_current()
     assert trainer.sync.pushes == [3]
-    assert trainer.client.versions == [3, 3]
+    assert trainer.client.control.versions == [3, 3]
 
 
 async def test_current_replicas_and_the_initial_version_push_nothing():
@@ -62,3 +64,39 @@ async def test_a_replica_that_never_takes_the_weights_stops_the_run_with_its_id(
     with pytest.raises(RuntimeError, match=r"replicas \{'r1': 1\} still serve .* after 3 pushes"):
         await trainer.keep_replicas_current()
     assert trainer.sync.pushes == [5, 5, 5]
+
+
+class _OwnedClient:
+    """Records whether the trainer closed its rollout client (``async with``)."""
+
+    def __init__(self) -> None:
+        self.entered = self.closed = False
+
+    async def __aenter__(self) -> _OwnedClient:
+        self.entered = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_fit_owns_the_rollout_client_so_the_steps_need_not_close_it(fails, monkeypatch):
+    trainer = Trainer(load_config(None, []))
+    trainer.client = client = _OwnedClient()
+    saved = []
+
+    async def train_steps() -> list[dict[str, float]]:
+        assert client.entered and not client.closed  # the steps run inside its lifetime
+        if fails:
+            raise RuntimeError("a step failed")
+        return [{"step": 1.0}]
+
+    monkeypatch.setattr(trainer, "train_steps", train_steps)
+    monkeypatch.setattr(trainer, "save_checkpoint", lambda: saved.append(True))
+    if fails:
+        with pytest.raises(RuntimeError, match="a step failed"):
+            await trainer.fit()
+    else:
+        assert await trainer.fit() == [{"step": 1.0}]
+    assert client.closed and saved == ([] if fails else [True])

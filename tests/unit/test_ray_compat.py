@@ -13,7 +13,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import RequestRouter
 
 from agentrl.server import ray_compat
-from agentrl.server.client import ServerClient
+from agentrl.server.client import DataClient
 from agentrl.server.config import ServerConfig
 from agentrl.server.routing import SessionAffinityRouter, request_router_config
 
@@ -92,12 +92,12 @@ def test_the_config_forces_the_public_path_of_its_clients_and_routers(caplog):
 
 async def test_the_public_path_sends_generate_calls_through_the_plain_handle(monkeypatch):
     handle = DeploymentHandle("RolloutServer", "rollout")
-    forced = ServerClient(handle, deployment_name="RolloutServer", public_path=True)
+    forced = DataClient(handle, deployment_name="RolloutServer", public_path=True)
     assert forced._data_handle() is handle
     assert not handle.is_initialized  # no loop-bound router was built
 
     _lose_hook(monkeypatch, "loop_router")
-    detected = ServerClient(handle, deployment_name="RolloutServer")
+    detected = DataClient(handle, deployment_name="RolloutServer")
     assert detected._data_handle() is handle
 
 

@@ -1,4 +1,5 @@
-"""ServerClient.generate over a fake deployment handle: first try, retries, errors, timeout."""
+"""DataClient.generate over a fake deployment handle: first try, retries, errors, timeout;
+ControlClient's calls to every replica."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ray.exceptions import RayActorError
 
 from agentrl.core.types import RolloutError, SamplingParams, TokenOutput
 from agentrl.server.affinity import note_replicas
-from agentrl.server.client import ReplicaFailure, ServerClient
+from agentrl.server.client import ControlClient, DataClient, ReplicaFailure
 
 DEAD = "ab" * 14
 
@@ -47,7 +48,7 @@ def _out() -> TokenOutput:
 
 def _client(outcomes: list[Any], max_retries: int = 3, timeout_s: float = 5.0):
     handle = _Handle(outcomes)
-    client = ServerClient(handle, deployment_name="d", max_retries=max_retries, timeout_s=timeout_s)
+    client = DataClient(handle, deployment_name="d", max_retries=max_retries, timeout_s=timeout_s)
     return client, handle.generate
 
 
@@ -130,8 +131,8 @@ class _BroadcastHandle:
         return _BroadcastResponse(self.outcomes)
 
 
-def _broadcast_client(outcomes: list[Any]) -> ServerClient:
-    return ServerClient(_BroadcastHandle(outcomes), deployment_name="d")
+def _broadcast_client(outcomes: list[Any]) -> ControlClient:
+    return ControlClient(_BroadcastHandle(outcomes))
 
 
 async def test_a_weight_swap_leaves_out_a_replica_that_died_during_it(caplog):
@@ -160,11 +161,11 @@ async def test_weight_setup_and_broadcast_swaps_fail_on_any_dead_replica():
         await client.prepare_weights("broadcast", "join", {}, {})
     with pytest.raises(ReplicaFailure):
         await client.swap_weights("broadcast", {}, 3, skip_dead=False)
-    assert [call[0] for call in client._handle.calls] == ["prepare_weights", "swap_weights"]
-    assert client._handle.calls[1][1] == ("broadcast", {}, 3, "keep")
+    assert [call[0] for call in client.handle.calls] == ["prepare_weights", "swap_weights"]
+    assert client.handle.calls[1][1] == ("broadcast", {}, 3, "keep")
 
 
-# -- coalescing (ServerClient(coalesce_max_batch=...)) ------------------------------------
+# -- coalescing (DataClient(coalesce_max_batch=...)) ------------------------------------
 
 
 class _Replicas:
@@ -213,11 +214,11 @@ class _Remote:
         return respond()
 
 
-def _coalescing(replicas: _Replicas, max_batch: int = 64) -> ServerClient:
-    return ServerClient(replicas, deployment_name="d", coalesce_max_batch=max_batch)
+def _coalescing(replicas: _Replicas, max_batch: int = 64) -> DataClient:
+    return DataClient(replicas, deployment_name="d", coalesce_max_batch=max_batch)
 
 
-async def _turn(client: ServerClient, sessions: list[str]) -> list[TokenOutput]:
+async def _turn(client: DataClient, sessions: list[str]) -> list[TokenOutput]:
     return await asyncio.gather(*(client.generate(s, [len(s)]) for s in sessions))
 
 
@@ -248,7 +249,7 @@ async def test_new_sessions_split_over_every_replica_the_router_knows():
     group per replica its router chose among, so the router can spread them."""
     note_replicas("spread-d", ["A", "B", "C"])
     replicas = _Replicas()
-    client = ServerClient(replicas, deployment_name="spread-d", coalesce_max_batch=64)
+    client = DataClient(replicas, deployment_name="spread-d", coalesce_max_batch=64)
     await _turn(client, ["warm"])
     replicas.calls.clear()
     await _turn(client, [f"n{i}" for i in range(9)])
@@ -311,7 +312,7 @@ async def test_a_replica_dying_under_a_batch_retries_each_request_elsewhere_exac
 
 async def test_a_batch_that_times_out_fails_each_request_with_a_timeout():
     replicas = _Replicas()
-    client = ServerClient(replicas, deployment_name="d", timeout_s=0.05, coalesce_max_batch=8)
+    client = DataClient(replicas, deployment_name="d", timeout_s=0.05, coalesce_max_batch=8)
     await _turn(client, ["s0", "s1"])
 
     async def hang(*_: Any) -> Any:

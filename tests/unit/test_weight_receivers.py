@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from agentrl.config import EngineConfig, ModelConfig
+from agentrl.core.config import WEIGHT_TRANSPORTS, WeightSyncConfig
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.core.weights import BucketPlan
 from agentrl.server.engine import WeightWorkers, WorkerWeights
 from agentrl.server.null_engine import NullEngine
-from agentrl.server.weight_receivers import (
-    BroadcastReceiver,
-    ObjectStoreReceiver,
-    receiver_class,
-)
+from agentrl.server.weight_transport import make_weight_sync, receiver_class, transport_module
+from agentrl.server.weight_transport.broadcast import BroadcastReceiver
+from agentrl.server.weight_transport.object_store import ObjectStoreReceiver
 
 
 def _null_engine() -> NullEngine:
@@ -81,7 +80,7 @@ class _WorkerEngine:
 
 
 async def test_broadcast_receiver_joins_checks_swaps_and_leaves(monkeypatch):
-    monkeypatch.setattr("agentrl.server.weight_receivers.node_ip", lambda: "10.0.0.7")
+    monkeypatch.setattr("agentrl.server.weight_transport.broadcast.node_ip", lambda: "10.0.0.7")
     engine = _WorkerEngine()
     receiver = BroadcastReceiver(engine, "r-1")  # type: ignore[arg-type]
     spec = {"group_id": "g1", "join_timeout_s": 5.0}
@@ -126,3 +125,12 @@ def test_the_worker_half_of_a_broadcast_needs_the_workers_group():
         ObjectStoreReceiver.on_worker(Worker(), "join")
     with pytest.raises(RuntimeError, match="delivers nothing to engine workers"):
         list(ObjectStoreReceiver.worker_tensors(Worker(), {"kind": "object_store"}))
+
+
+@pytest.mark.parametrize("kind", sorted(WEIGHT_TRANSPORTS))
+def test_every_weight_sync_kind_is_one_module_with_its_sender_and_receiver(kind):
+    sync = make_weight_sync(WeightSyncConfig(kind=kind), object())  # type: ignore[arg-type]
+    module = transport_module(WEIGHT_TRANSPORTS[kind])
+    assert type(sync).__module__ == module.__name__
+    assert sync.receiver == WEIGHT_TRANSPORTS[kind]
+    assert receiver_class(sync.receiver).__module__ == module.__name__

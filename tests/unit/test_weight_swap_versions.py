@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from agentrl.core.config import ModelConfig
-from agentrl.server import vllm_engine, vllm_worker_ext
+from agentrl.server import vllm_engine, vllm_weights, vllm_worker_ext
 from agentrl.server.config import EngineConfig
-from agentrl.server.vllm_engine import (
+from agentrl.server.vllm_engine import VLLMEngine
+from agentrl.server.vllm_weights import (
     TESTED_VLLM_VERSIONS,
     UNTESTED_VLLM_ENV,
     UntestedVLLMError,
-    VLLMEngine,
     weight_swap_for,
 )
 
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     monkeypatch.delenv(UNTESTED_VLLM_ENV, raising=False)
-    vllm_engine._warn_untested_vllm.cache_clear()
+    vllm_weights._warn_untested_vllm.cache_clear()
     yield
-    vllm_engine._warn_untested_vllm.cache_clear()
+    vllm_weights._warn_untested_vllm.cache_clear()
 
 
 def test_a_tested_release_keeps_the_requested_swap_whatever_its_build_tag(caplog):
@@ -54,14 +54,14 @@ def test_the_engine_fails_on_an_untested_release_before_it_loads_the_model(monke
 
     monkeypatch.setattr(vllm_engine.vllm, "__version__", "0.11.0")
     monkeypatch.setattr(vllm_engine.AsyncLLM, "from_engine_args", no_load)
-    monkeypatch.setattr(vllm_engine, "_hf_parameter_shapes", no_load)
+    monkeypatch.setattr(vllm_weights, "hf_parameter_shapes", no_load)
     with pytest.raises(UntestedVLLMError):
         VLLMEngine(ModelConfig(), EngineConfig())
 
 
 def test_allowed_untested_release_loads_in_place_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setenv(UNTESTED_VLLM_ENV, "1")
-    with caplog.at_level(logging.WARNING, logger=vllm_engine.__name__):
+    with caplog.at_level(logging.WARNING, logger=vllm_weights.__name__):
         assert weight_swap_for("staged", "0.11.0") == "inplace"
         assert weight_swap_for("staged", "0.11.0") == "inplace"
     (record,) = caplog.records

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.weight_sync import bucketize, module_group
+from agentrl.server.weight_transport.base import bucketize, module_group
 
 
 def _names(buckets):

@@ -60,7 +60,7 @@ def test_resume_from_state_dict_continues_with_the_next_batch(consumed):
     first = RowLoader(ROWS, 3, seed=11)
     _drain(first, consumed)
     state = first.state_dict()
-    assert set(state) == {"epoch", "index", "seed", "num_rows"}
+    assert set(state) == {"epoch", "index", "seed", "num_rows", "rows_drawn"}
 
     resumed = RowLoader(ROWS, 3, seed=11)
     resumed.load_state_dict(state)
@@ -95,3 +95,34 @@ def test_too_few_rows_for_one_batch_is_a_clear_error():
     with pytest.raises(ValueError, match="cannot fill one batch of 8"):
         RowLoader(ROWS[:3], 8)
     assert len(RowLoader(ROWS[:3], 8, drop_last=False)) == 1
+
+
+def test_rows_drawn_counts_every_row_handed_out_across_epochs_and_resumes():
+    loader = RowLoader(ROWS, 4, seed=2, drop_last=False)  # batches of 4, 4, 2
+    _drain(loader, 4)
+    assert loader.rows_drawn == 14
+    resumed = RowLoader(ROWS, 4, seed=2, drop_last=False)
+    resumed.load_state_dict(loader.state_dict())
+    assert resumed.rows_drawn == 14
+
+
+def test_rows_drawn_survives_a_resume_with_another_batch_size():
+    """Epochs of 9 rows (batches of 3), resumed with batches of 4 (epochs of 8): the
+    next row is still number 12, not one already drawn."""
+    loader = RowLoader(ROWS, 3, seed=2)
+    _drain(loader, 4)  # epoch 0: 9 rows; epoch 1: 3
+    assert loader.rows_drawn == 12
+    resumed = RowLoader(ROWS, 4, seed=2)
+    resumed.load_state_dict(loader.state_dict())
+    assert resumed.rows_drawn == 12
+    resumed.next_batch()
+    assert resumed.rows_drawn == 16
+
+
+def test_a_checkpoint_without_rows_drawn_numbers_from_its_position():
+    loader = RowLoader(ROWS, 5, seed=2)
+    _drain(loader, 3)
+    state = {k: v for k, v in loader.state_dict().items() if k != "rows_drawn"}
+    resumed = RowLoader(ROWS, 5, seed=2)
+    resumed.load_state_dict(state)
+    assert resumed.rows_drawn == 15
