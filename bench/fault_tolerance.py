@@ -40,7 +40,9 @@ resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
     .venv/bin/python bench/fault_tolerance.py [--repeats 3]
 
-Every fault runs ``--repeats`` times (one pytest run of all of them per repeat). Prints a
+Every fault runs ``--repeats`` times (one pytest run of all of them per repeat).
+``-k EXPRESSION`` (pytest's) runs only the matching faults, e.g. one new fault repeated on
+its own; write such a subset to its own ``--out``, the full table stays whole. Prints a
 table (per fault: runs survived, seconds as median and range) and writes
 ``bench/results/fault_tolerance.json``: totals, ``repeats_per_fault``, ``summary`` (per fault,
 over the runs: ``survived`` of ``runs``) and
@@ -113,7 +115,7 @@ LEDGER_COLUMNS = (
 )
 
 
-def _run_pytest(targets: list[str], junit: Path) -> float:
+def _run_pytest(targets: list[str], junit: Path, keyword: str | None) -> float:
     start = time.monotonic()
     # Every fault's run as the suite specifies it: 2 replicas, multi-turn tool loops (the
     # default test suite runs cheaper shapes of some; see tests/integration/fault_ledger.py).
@@ -129,6 +131,7 @@ def _run_pytest(targets: list[str], junit: Path) -> float:
             f"--junitxml={junit}",
             "-m",
             "long_fault or not long_fault",  # the default suite leaves long_fault out
+            *(["-k", keyword] if keyword else []),
             *targets,
         ],
         cwd=ROOT,
@@ -151,11 +154,12 @@ def _cases(junit: Path) -> list[tuple[str, bool, dict | None]]:
     return cases
 
 
-def _run_once() -> tuple[float, list[dict[str, Any]]]:
-    """One pytest run of every fault: its seconds and a record per fault."""
+def _run_once(keyword: str | None) -> tuple[float, list[dict[str, Any]]]:
+    """One pytest run of every fault (those matching ``keyword``): its seconds and a
+    record per fault."""
     with TemporaryDirectory() as tmp:
         junit = Path(tmp) / "report.xml"
-        seconds = _run_pytest(RUN_FAULTS, junit)
+        seconds = _run_pytest(RUN_FAULTS, junit, keyword)
         cases = _cases(junit)
     faults = []
     for test_id, passed, ledger in cases:
@@ -236,12 +240,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of every fault")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("-k", dest="keyword", help="only the faults matching (pytest -k)")
     args = parser.parse_args()
     started = provenance(ROOT, MEASURED)
     runs, seconds = [], 0.0
     for repeat in range(args.repeats):
         Console().print(f"fault run {repeat + 1} of {args.repeats}")
-        run_seconds, faults = _run_once()
+        run_seconds, faults = _run_once(args.keyword)
         seconds += run_seconds
         runs.append(faults)
     summary = _summary(runs)
@@ -251,6 +256,7 @@ def main() -> None:
         **started,
         "seconds": round(seconds, 1),
         "repeats_per_fault": args.repeats,
+        "only": args.keyword,
         "faults_injected": len(every),
         "faults_survived": sum(bool(f["survived"]) for f in every),
         # Counted per dataset row (a group of rollout.n episodes is lost or trained twice

@@ -53,6 +53,7 @@ MEASURED = [
     "server/vllm_args.py",
     "server/vllm_weights.py",
     "server/vllm_worker_ext.py",
+    "server/weight_transport/object_store.py",
 ]
 
 MODELS = {"tiny": "builtin:tiny-qwen2", "smollm2": "builtin:smollm2-135m-instruct"}
@@ -86,7 +87,7 @@ async def _stream(engine, request_id: str, stamps: list[float], stop: asyncio.Ev
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
-    async for out in engine._llm.generate(tokens_input(PROMPT), params, request_id):
+    async for out in engine.llm.generate(tokens_input(PROMPT), params, request_id):
         now = time.perf_counter()
         stamps.extend([now] * len(out.outputs[0].token_ids))
     if not stop.is_set():
@@ -144,6 +145,9 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
             request_id = f"stream-{mode}-{i}"
             stream = asyncio.create_task(_stream(engine, request_id, stamps, stop))
             while len(stamps) < 4:
+                if stream.done():  # it failed before streaming: say why, never wait forever
+                    stream.result()
+                    raise RuntimeError("the streaming request ended before it began")
                 await asyncio.sleep(0.01)
             calm_start = time.perf_counter()
             await asyncio.sleep(0.4)
@@ -152,7 +156,7 @@ async def _run_mode(path: str, mode: str, swaps: int, weights: tuple[list, list]
             end = time.perf_counter()
             await asyncio.sleep(0.4)  # the held request recomputes and decodes again
             stop.set()
-            await engine._llm.abort(request_id)
+            await engine.llm.abort(request_id)
             await asyncio.wait_for(stream, 30)
             timings = engine.weight_loader.last_swap_timings
             rows.append(
