@@ -61,6 +61,7 @@ from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.testing.benchmarks import provenance
+from agentrl.testing.spread import mean_sd_se
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
@@ -316,12 +317,18 @@ def _queue_accounting(queue: dict[str, float]) -> tuple[int, int, int, int, int,
 
 def _workload(args: argparse.Namespace) -> dict[str, Any]:
     if args.recipe:
-        return {"recipe": args.recipe, "model": args.model, "steps": args.steps}
+        return {
+            "recipe": args.recipe,
+            "model": args.model,
+            "steps": args.steps,
+            "overrides": args.overrides,
+        }
     lengths = np.array(_toy_lengths(args))
     return {
         **{k: getattr(args, k) for k in ("steps", "batch", "n", "median", "sigma", "seed")},
         "max_length": args.max_length,
         "model": args.model or "builtin:tiny-qwen2",
+        "overrides": args.overrides,
         "rows": TOY_ROWS,
         "row_length_mean": float(lengths.mean()),
         "row_length_p50_p90_p99_max": [
@@ -371,12 +378,6 @@ def main() -> None:
     Console().print(f"wrote {path}")
 
 
-def _mean_sd_se(values: list[float]) -> dict[str, float]:
-    array = np.asarray(values, dtype=float)
-    sd = float(array.std(ddof=1)) if len(array) > 1 else 0.0
-    return {"mean": float(array.mean()), "sd": sd, "se": sd / math.sqrt(len(array))}
-
-
 def _ratios(results: dict[str, list[ModeResult]], name: str, field: str) -> list[float]:
     """Run i's ``field`` for ``name`` over sync's in run i, for the runs both finished."""
     pairs = zip(results[name], results["sync"], strict=False)
@@ -392,9 +393,7 @@ def _payload(args: argparse.Namespace, results: dict[str, list[ModeResult]]) -> 
         "runs": args.runs,
         "modes": {name: [asdict(r) for r in runs] for name, runs in results.items()},
         "summary": {
-            name: {
-                field: _mean_sd_se([getattr(r, field) for r in runs]) for field in SUMMARY_FIELDS
-            }
+            name: {field: mean_sd_se([getattr(r, field) for r in runs]) for field in SUMMARY_FIELDS}
             for name, runs in results.items()
             if runs
         },
@@ -405,7 +404,7 @@ def _payload(args: argparse.Namespace, results: dict[str, list[ModeResult]]) -> 
             ("speedup_episodes", "trained_episodes_per_s"),
         ):
             ratios = _ratios(results, name, field)
-            stats = _mean_sd_se(ratios)
+            stats = mean_sd_se(ratios)
             payload |= {
                 f"{key}_{name}": stats["mean"],
                 f"{key}_{name}_se": stats["se"],
@@ -422,7 +421,7 @@ def _print_table(results: dict[str, list[ModeResult]]) -> None:
         table.add_column(col, justify="right")
     table.add_column("speedup (± SE)", justify="right")
     for name, mode_runs in results.items():
-        tokens = _mean_sd_se([r.trained_tokens_per_s for r in mode_runs])
+        tokens = mean_sd_se([r.trained_tokens_per_s for r in mode_runs])
         counts = [
             sum(getattr(r, field) for r in mode_runs)
             for field in (
@@ -435,7 +434,7 @@ def _print_table(results: dict[str, list[ModeResult]]) -> None:
                 "episodes_unfinished",
             )
         ]
-        speedup = _mean_sd_se(_ratios(results, name, "trained_tokens_per_s"))
+        speedup = mean_sd_se(_ratios(results, name, "trained_tokens_per_s"))
         table.add_row(
             name,
             f"{tokens['mean']:.1f} ± {tokens['sd']:.1f}",

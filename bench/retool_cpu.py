@@ -53,6 +53,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.testing.benchmarks import provenance
+from agentrl.testing.spread import mean_sd_se
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_cpu.json"
@@ -302,12 +303,11 @@ def no_tool_control(overrides: list[str]) -> dict:
         subprocess.run(command, cwd=ROOT, check=True)
         records = [json.loads(line) for line in out.read_text().splitlines()]
     correct = [float((r["reward_info"] or {}).get("no_tool_acc", 0.0)) for r in records]
-    n = len(correct)
-    mean = sum(correct) / n
+    accuracy = mean_sd_se(correct)
     return {
-        "no_tool_accuracy": mean,
-        "no_tool_accuracy_se": statistics.stdev(correct) / math.sqrt(n) if n > 1 else 0.0,
-        "no_tool_problems": n,
+        "no_tool_accuracy": accuracy["mean"],
+        "no_tool_accuracy_se": accuracy["se"],
+        "no_tool_problems": len(correct),
     }
 
 

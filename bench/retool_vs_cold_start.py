@@ -62,6 +62,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentrl.testing.benchmarks import provenance
+from agentrl.testing.spread import mean_sd_se
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_vs_cold_start.json"
@@ -110,10 +111,8 @@ GOAL_SE = 4.0
 def clustered_mean(values_by_problem: dict[int, list[float]]) -> tuple[float, float]:
     """The mean over problems of each problem's mean, and its standard error across
     problems (a problem's samples are one cluster)."""
-    means = [statistics.fmean(values) for values in values_by_problem.values()]
-    mean = statistics.fmean(means)
-    se = statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else 0.0
-    return mean, se
+    stats = mean_sd_se([statistics.fmean(values) for values in values_by_problem.values()])
+    return stats["mean"], stats["se"]
 
 
 def ratio_of_sums(parts: dict[int, tuple[float, float]]) -> tuple[float | None, float]:
