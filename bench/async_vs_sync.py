@@ -30,7 +30,8 @@ finished but never taken, when the run ended), with ``mean_trained_length``;
 
     .venv/bin/python bench/async_vs_sync.py [--steps 21 --model builtin:tiny-qwen2]
     .venv/bin/python bench/async_vs_sync.py --recipe recipes/retool/cpu.yaml \\
-        --modes sync,eta1 --steps 9 --runs 3 --tag retool
+        --modes sync,eta1 --steps 9 --runs 3 --tag retool \\
+        algorithm.dynamic_sampling.enable=false  # the same 32 episodes a step in both modes
 
 Prints a table and writes ``bench/results/async_vs_sync.json``
 (``async_vs_sync_<tag>.json`` with ``--tag``).
