@@ -14,6 +14,14 @@ Per router:
 - ``p50_ms`` / ``p99_ms`` = per-request latency.
 
     .venv/bin/python bench/prefix_affinity.py [--sessions 32 --turns 4 --model builtin:...]
+    .venv/bin/python bench/prefix_affinity.py \\
+        --out bench/results/prefix_affinity_no_coalesce.json server.coalesce=false
+
+With coalescing on (the default), the client sends each tick's turns as one Serve call
+per replica that served those sessions last, and the router places the call as a whole:
+in this lock-step workload that kept every session's turns together under all three
+routers (2026-11-27). ``server.coalesce=false`` routes every request alone, which
+compares the routers themselves. The JSON records the overrides (``workload.overrides``).
 
 Prints a table and writes ``bench/results/prefix_affinity.json``.
 """
@@ -238,6 +246,7 @@ def main() -> None:
             "replicas": args.replicas,
             "response_tokens": args.response_tokens,
             "preamble_words": args.preamble_words,
+            "overrides": args.overrides,
         },
         "routers": {name: asdict(r) for name, r in results.items()},
     }
