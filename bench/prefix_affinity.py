@@ -177,11 +177,18 @@ def _run_router(policy: str, args: argparse.Namespace, tokenizer) -> RouterResul
     )
     client = start_rollout_servers(cfg.model, cfg.server)
     try:
-        # One warm-up request per replica so engine start-up is not in the timings.
-        asyncio.run(_warm_up(client, tokenizer))
-        return asyncio.run(_workload(client, tokenizer, args))
+        return asyncio.run(_measure(client, tokenizer, args))
     finally:
         stop_rollout_servers(cfg.server)
+
+
+async def _measure(client: ServerClient, tokenizer, args: argparse.Namespace) -> RouterResult:
+    """Warm up, then run the workload, on one event loop; the client's routing stops
+    with it (left running on a closed loop, Serve logs an ERROR when the app goes)."""
+    async with client:
+        # One warm-up request per replica so engine start-up is not in the timings.
+        await _warm_up(client, tokenizer)
+        return await _workload(client, tokenizer, args)
 
 
 async def _warm_up(client: ServerClient, tokenizer) -> None:
