@@ -67,6 +67,7 @@ from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
 
+LOGGER = logging.getLogger("bench.async_vs_sync")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TOY_REWARD = ROOT / "tests" / "integration" / "toy" / "reward.py"
@@ -356,7 +357,7 @@ def main() -> None:
     parser.add_argument("--tag", default=None, help="write async_vs_sync_<tag>.json")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    _console_logging()
     if args.model:
         args.model = resolve_model_path(args.model)
     modes = args.modes.split(",")
@@ -367,9 +368,12 @@ def main() -> None:
     path = RESULTS / (f"async_vs_sync_{args.tag}.json" if args.tag else "async_vs_sync.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[ModeResult]] = {mode: [] for mode in modes}
+    started = time.monotonic()
     try:
-        for _ in range(args.runs):
+        for run in range(args.runs):
             for mode in modes:  # sync first: the others' ratios need it
+                done = run * len(modes) + modes.index(mode)
+                _announce(done, args.runs * len(modes), mode, time.monotonic() - started)
                 results[mode].append(asyncio.run(_run(args, mode)))
                 path.write_text(json.dumps(_payload(args, results), indent=2) + "\n")
     finally:
@@ -412,6 +416,24 @@ def _payload(args: argparse.Namespace, results: dict[str, list[ModeResult]]) -> 
                 f"{key}_{name}_runs": ratios,
             }
     return payload
+
+
+def _console_logging() -> None:
+    """Warnings, plus the trainer's one line per step (``agentrl.tracking``) and this
+    bench's own lines; Serve's INFO bookkeeping (app ready, deleting) is left out."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for name in ("agentrl.tracking", LOGGER.name):
+        logging.getLogger(name).setLevel(logging.INFO)
+    # A filter, not a level: importing ray.serve sets that logger's level to INFO again.
+    logging.getLogger("ray.serve").addFilter(lambda record: record.levelno >= logging.WARNING)
+
+
+def _announce(done: int, total: int, mode: str, elapsed_s: float) -> None:
+    """One console line as each run starts: which of how many, elapsed, time left."""
+    left = f", about {elapsed_s / done * (total - done) / 60:.0f} min left" if done else ""
+    LOGGER.info(
+        "run %d of %d: %s (%.0f min elapsed%s)", done + 1, total, mode, elapsed_s / 60, left
+    )
 
 
 def _print_table(results: dict[str, list[ModeResult]]) -> None:
