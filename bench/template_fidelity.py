@@ -7,7 +7,9 @@ scripted engine that emits each turn as the family's template writes it
 (``agentrl.testing.fidelity`` says what is generated and checked). Counted per family:
 tokens that drift from the template's render of the whole conversation, calls the
 parser did not recover (loop and gateway), mask errors and gateway samples that differ
-from what the engine saw.
+from what the engine saw. Work goes out in units of 250 conversations of one family, each
+from its own seeded stream, over ``--workers`` processes (default: one per CPU), so the
+result does not depend on the number of workers.
 
     .venv/bin/python bench/template_fidelity.py [--conversations 10000] [--families qwen3 ...]
 
@@ -18,10 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import math
+import multiprocessing
+import os
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -45,31 +53,39 @@ MEASURED = [
 ]
 
 
-async def run_family(name: str, conversations: int, seed: int, progress, task) -> dict:
+COUNTS = ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches")
+CHUNK = 250
+"""Conversations per work unit: a worker checks one unit of one family at a time."""
+
+
+@functools.cache
+def _harness(name: str) -> tuple[FidelityHarness, list[str]]:
+    """The family's harness and special tokens, built once per worker process."""
     model = family(name)
     tokenizer = model.tokenizer()
     harness = FidelityHarness(
         tokenizer, model.tools_in_system_prompt, model.tool_parser, model.reasoning_parser
     )
-    specials = list(tokenizer.all_special_tokens)
-    rng = random.Random(seed)
-    row = {
-        "family": name,
-        "tool_parser": model.tool_parser,
-        "reasoning_parser": model.reasoning_parser,
-        "source": model.source,
-        "conversations": 0,
-        "assistant_turns": 0,
-        "tool_calls": 0,
-        "drifted_tokens": 0,
-        "unparsed_calls": 0,
-        "mask_errors": 0,
-        "gateway_mismatches": 0,
-        "failed_conversations": 0,
-        "first_failures": [],
-    }
+    return harness, list(tokenizer.all_special_tokens)
+
+
+def check_chunk(name: str, chunk: int, count: int, seed: int) -> dict[str, Any]:
+    """Check ``count`` random conversations of family ``name``: work unit ``chunk``, whose
+    conversations come from their own seeded stream, so a result does not depend on how
+    many workers ran or in what order."""
+    return asyncio.run(_check_chunk(name, chunk, count, seed))
+
+
+async def _check_chunk(name: str, chunk: int, count: int, seed: int) -> dict[str, Any]:
+    harness, specials = _harness(name)
+    model = family(name)
+    rng = random.Random(f"{seed}:{name}:{chunk}")
+    part: dict[str, Any] = dict.fromkeys(
+        ("conversations", "assistant_turns", "tool_calls", *COUNTS, "failed_conversations"), 0
+    )
+    part["first_failures"] = []
     start = time.perf_counter()
-    for _ in range(conversations):
+    for _ in range(count):
         conversation = random_conversation(
             rng,
             specials,
@@ -77,40 +93,81 @@ async def run_family(name: str, conversations: int, seed: int, progress, task) -
             max_calls_per_turn=3 if model.parallel_calls else 1,
         )
         report = await harness.check(conversation)
-        row["conversations"] += 1
-        row["assistant_turns"] += len(conversation.turns)
-        row["tool_calls"] += len(conversation.calls)
-        for key in ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches"):
-            row[key] += getattr(report, key)
+        part["conversations"] += 1
+        part["assistant_turns"] += len(conversation.turns)
+        part["tool_calls"] += len(conversation.calls)
+        for key in COUNTS:
+            part[key] += getattr(report, key)
         if not report.ok:
-            row["failed_conversations"] += 1
-            if len(row["first_failures"]) < 3:
-                row["first_failures"].append(report.detail)
-        progress.advance(task)
-    row["seconds"] = round(time.perf_counter() - start, 1)
+            part["failed_conversations"] += 1
+            part["first_failures"].append(report.detail)
+    part["seconds"] = time.perf_counter() - start
+    return part
+
+
+def _family_row(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One family's row: its work units' counts summed (``seconds``: their checking time,
+    summed over workers), the first three failures in unit order."""
+    model = family(name)
+    row: dict[str, Any] = {
+        "family": name,
+        "tool_parser": model.tool_parser,
+        "reasoning_parser": model.reasoning_parser,
+        "source": model.source,
+    }
+    for key in ("conversations", "assistant_turns", "tool_calls", *COUNTS):
+        row[key] = sum(part[key] for part in parts)
+    row["failed_conversations"] = sum(part["failed_conversations"] for part in parts)
+    row["first_failures"] = [f for part in parts for f in part["first_failures"]][:3]
+    row["seconds"] = round(sum(part["seconds"] for part in parts), 1)
     return row
 
 
-async def main() -> None:
+def run_families(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
+    """Every family's row, its work units spread over ``args.workers`` processes."""
+    units = [
+        (name, chunk, min(CHUNK, args.conversations - chunk * CHUNK))
+        for name in args.families
+        for chunk in range(math.ceil(args.conversations / CHUNK))
+    ]
+    parts: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in args.families}
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    # spawn: a forked worker would inherit the parent's tokenizer thread pools.
+    context = multiprocessing.get_context("spawn")
+    with (
+        Progress(*columns, TimeRemainingColumn(), console=console) as progress,
+        ProcessPoolExecutor(args.workers, mp_context=context) as pool,
+    ):
+        tasks = {name: progress.add_task(name, total=args.conversations) for name in args.families}
+        futures = {
+            pool.submit(check_chunk, name, chunk, count, args.seed): (name, chunk)
+            for name, chunk, count in units
+        }
+        for future in as_completed(futures):
+            name, chunk = futures[future]
+            parts[name][chunk] = future.result()
+            progress.advance(tasks[name], parts[name][chunk]["conversations"])
+    return [_family_row(name, [p for _, p in sorted(parts[name].items())]) for name in parts]
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=10_000)
     parser.add_argument("--families", nargs="+", default=sorted(FAMILIES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     console = Console()
     started = provenance(ROOT, MEASURED)  # the commit of the measured files, at the start
-    rows = []
-    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeRemainingColumn(), console=console) as progress:
-        for name in args.families:
-            task = progress.add_task(name, total=args.conversations)
-            rows.append(await run_family(name, args.conversations, args.seed, progress, task))
+    wall = time.perf_counter()
+    rows = run_families(args, console)
+    wall = time.perf_counter() - wall
 
     table = Table(title="Template fidelity: random conversations through loop and gateway")
     for column in ("family", "parsers", "conversations", "tool calls", "drifted tokens"):
         table.add_column(column)
-    for column in ("unparsed calls", "mask errors", "gateway mismatches", "s"):
+    for column in ("unparsed calls", "mask errors", "gateway mismatches", "check s"):
         table.add_column(column)
     for row in rows:
         parsers = row["tool_parser"] + (
@@ -127,12 +184,15 @@ async def main() -> None:
             str(row["gateway_mismatches"]),
             str(row["seconds"]),
         )
-    console.print(table)
+    console.print(table, width=150)
+    console.print(f"{wall:.0f} s wall on {args.workers} worker(s); check s: summed over workers")
     result = {
         **started,
         "families": len(rows),
         "conversations": sum(r["conversations"] for r in rows),
         "conversations_per_family": args.conversations,
+        "workers": args.workers,
+        "wall_seconds": round(wall, 1),
         "drifted_tokens": sum(r["drifted_tokens"] for r in rows),
         "unparsed_calls": sum(r["unparsed_calls"] for r in rows),
         "mask_errors": sum(r["mask_errors"] for r in rows),
@@ -144,4 +204,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
