@@ -29,9 +29,9 @@ problem as one cluster (4 samples of a problem are not 4 independent draws).
     .venv/bin/python bench/retool_vs_cold_start.py [--seeds 0 1 2] [--steps 8]
 
 Stages already measured on the same measured code (no ``MEASURED`` file changed since
-their commit) are read back from ``runs/retool-vs-cold-start`` (``--restart`` measures all
-again), so an interrupted bench resumes where it stopped, and a later session can add
-seeds.
+their commit) are read back from ``--work`` (default ``runs/retool-vs-cold-start``;
+``--restart`` measures all again), so an interrupted bench resumes where it stopped, and a
+later session can add seeds.
 Writes ``bench/results/retool_vs_cold_start.json``: ``best_cold_start`` (its direct
 fraction, the dev grid, its test results), ``seeds`` (one row per seed: RL on test, the
 gains over the baseline and their SE), ``min_gain_over_best_cold_start`` (smallest sampled
@@ -190,10 +190,11 @@ def same_measured_code(recorded: str | None, current: str | None) -> bool:
 
 
 class Stages:
-    """Runs each stage's commands with their output in ``WORK/logs``, keeps each stage's
-    result in ``WORK/results`` under the commit it measured, and shows progress."""
+    """Runs each stage's commands with their output in ``work/logs``, keeps each stage's
+    result in ``work/results`` under the commit it measured, and shows progress."""
 
-    def __init__(self, commit: str | None, progress: Progress, restart: bool) -> None:
+    def __init__(self, work: Path, commit: str | None, progress: Progress, restart: bool) -> None:
+        self.work = work
         self.commit = commit
         self.progress = progress
         self.restart = restart
@@ -207,7 +208,7 @@ class Stages:
     ) -> dict[str, Any]:
         """``measure()``'s result, read back if the same measured code measured it
         already and ``still_valid`` accepts it (this script's settings may have moved on)."""
-        path = WORK / "results" / f"{name}.json"
+        path = self.work / "results" / f"{name}.json"
         if path.exists() and not self.restart:
             record = json.loads(path.read_text())
             fresh = same_measured_code(record.get("commit"), self.commit)
@@ -225,8 +226,8 @@ class Stages:
         return result
 
     def run(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
-        """Run ``command`` from the repository root, its output in ``WORK/logs/name.log``."""
-        log = WORK / "logs" / f"{name}.log"
+        """Run ``command`` from the repository root, its output in ``work/logs/name.log``."""
+        log = self.work / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("w") as out:
             done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -236,7 +237,7 @@ class Stages:
 
 def prepare_data(stages: Stages, dev: int, test: int) -> dict[str, Path]:
     """The training problems and the dev/test split of the held-out ones."""
-    out = WORK / "data"
+    out = stages.work / "data"
     stages.run(
         "prepare_data",
         [
@@ -268,7 +269,7 @@ def prepare_data(stages: Stages, dev: int, test: int) -> dict[str, Path]:
 
 def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> Path:
     """The recipe's cold start at ``fraction`` direct demonstrations."""
-    out = WORK / f"cold-start-{fraction:g}"
+    out = stages.work / f"cold-start-{fraction:g}"
     stages.run(
         f"cold_start_{fraction:g}",
         [
@@ -295,8 +296,8 @@ def evaluate(
     stages: Stages, name: str, model: Path, split: Path, samples: int, temperature: float
 ) -> dict[str, Any]:
     """``agentrl rollout`` of ``model`` over ``split``: its summary (the episodes stay in
-    ``WORK/episodes/<name>.jsonl``)."""
-    out = WORK / "episodes" / f"{name}.jsonl"
+    ``work/episodes/<name>.jsonl``)."""
+    out = stages.work / "episodes" / f"{name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # Nothing else runs during an evaluation: both cores go to the engine.
@@ -382,7 +383,7 @@ def train_rl(
     stages: Stages, seed: int, cold_start: Path, data: dict[str, Path], steps: int
 ) -> Path:
     """RL from ``cold_start`` with the recipe's settings; the trained policy's HF folder."""
-    run_dir = WORK / f"rl-seed{seed}"
+    run_dir = stages.work / f"rl-seed{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     stages.run(
         f"rl_seed{seed}",
@@ -512,12 +513,19 @@ def main() -> None:
         help="also evaluate the cold starts greedily on dev (the choice is by sampled)",
     )
     parser.add_argument("--restart", action="store_true", help="measure every stage again")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=WORK,
+        help="stages' models, episodes, logs and results (outside the checkout, they "
+        "survive a fresh clone)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("AGENTRL_CACHE", str(ROOT / ".cache"))
     started = provenance(ROOT, MEASURED)
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
-        stages = Stages(started["commit"], progress, args.restart)
+        stages = Stages(args.work, started["commit"], progress, args.restart)
         data = prepare_data(stages, args.dev, args.test)
         grid = {}
         for fraction in args.grid:
@@ -531,7 +539,7 @@ def main() -> None:
                     stages, name, cold_start, data["dev"]
                 )
         best = best_of(grid)
-        best_path = WORK / f"cold-start-{best}"
+        best_path = stages.work / f"cold-start-{best}"
         test = data["test"]
         # Sampled accuracy first, on both sides: it is the goal's measure, and greedy
         # passes come after, so an interrupted bench has measured what matters most.
@@ -541,7 +549,7 @@ def main() -> None:
         payload: dict[str, Any] = {
             "benchmark": "retool_vs_cold_start",
             **started,
-            "settings": vars(args) | {"temperature": TEMPERATURE},
+            "settings": vars(args) | {"work": str(args.work), "temperature": TEMPERATURE},
             "best_cold_start": {"direct_fraction": best, "dev_grid": grid, "test": baseline},
             "seeds": [],
         }
