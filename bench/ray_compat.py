@@ -50,7 +50,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import provenance, same_measured_code
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ray_compat.json"
@@ -193,16 +193,6 @@ def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
     return row
 
 
-def same_measured_code(earlier: str | None, now: str) -> bool:
-    """Whether no MEASURED file differs between the commits of two runs."""
-    if earlier is None or earlier.endswith("dirty") or now.endswith("dirty"):
-        return False
-    diff = subprocess.run(
-        ["git", "diff", "--quiet", earlier, now, "--", *MEASURED], cwd=ROOT, check=False
-    )
-    return diff.returncode == 0
-
-
 def failed(row: dict[str, Any]) -> bool:
     """Whether a version did not pass everything."""
     return bool(row["error"] or row["tests_failed"] or not row["tests_passed"])
@@ -244,7 +234,7 @@ def main() -> None:
         row["date"] = here["date"]
     if args.merge and args.out.exists():
         earlier = json.loads(args.out.read_text())
-        if not same_measured_code(earlier.get("commit"), here["commit"]):
+        if not same_measured_code(ROOT, earlier.get("commit"), here["commit"], MEASURED):
             raise SystemExit(f"the code {args.out} measured changed between "
                              f"{earlier.get('commit')} and {here['commit']}: run every "
                              "version again")  # fmt: skip

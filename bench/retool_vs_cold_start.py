@@ -61,7 +61,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import provenance, same_measured_code
 from agentrl.testing.spread import mean_sd_se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,15 +180,6 @@ def gain(after: dict[str, Any], before: dict[str, Any], key: str = "accuracy") -
 # --------------------------------------------------------------------------- the stages
 
 
-def same_measured_code(recorded: str | None, current: str | None) -> bool:
-    """Whether a stage measured at ``recorded`` measured the code checked out now: both
-    clean commits with no ``MEASURED`` file changed between them."""
-    if not recorded or not current or "+dirty" in recorded + current:
-        return False
-    diff = ["git", "diff", "--quiet", recorded, current, "--", *MEASURED]
-    return subprocess.run(diff, cwd=ROOT, capture_output=True).returncode == 0
-
-
 class Stages:
     """Runs each stage's commands with their output in ``work/logs``, keeps each stage's
     result in ``work/results`` under the commit it measured, and shows progress."""
@@ -211,7 +202,7 @@ class Stages:
         path = self.work / "results" / f"{name}.json"
         if path.exists() and not self.restart:
             record = json.loads(path.read_text())
-            fresh = same_measured_code(record.get("commit"), self.commit)
+            fresh = same_measured_code(ROOT, record.get("commit"), self.commit, MEASURED)
             if fresh and still_valid(record["result"]):
                 self.progress.console.print(f"[dim]{name}: measured already, read back")
                 self.progress.advance(self.task)

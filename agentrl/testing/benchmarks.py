@@ -111,6 +111,18 @@ def checkout_commit(root: Path, measured: Sequence[str | Path] | None = None) ->
     return f"{commit}+dirty" if diff.returncode != 0 else commit
 
 
+def same_measured_code(
+    root: Path, earlier: str | None, now: str | None, measured: Sequence[str]
+) -> bool:
+    """Whether two runs' recorded commits (``checkout_commit``) measured the same code:
+    both clean, with no ``measured`` path differing between them. What lets a bench
+    resume, or merge, runs recorded at another commit."""
+    if not earlier or not now or "dirty" in earlier + now:
+        return False
+    diff = ["git", "diff", "--quiet", earlier, now, "--", *measured]
+    return subprocess.run(diff, cwd=root, capture_output=True).returncode == 0
+
+
 def provenance(root: Path, measured: Sequence[str]) -> dict[str, Any]:
     """What a benchmark records about the code it measured, taken when it starts:
     ``commit`` (``checkout_commit`` of the ``measured`` paths), ``date`` (ISO, today)

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.testing.benchmarks import checkout_commit, declared_measured, provenance
+from agentrl.testing.benchmarks import (
+    checkout_commit,
+    declared_measured,
+    provenance,
+    same_measured_code,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "bench" / "results").glob("*.json"))
@@ -131,6 +136,21 @@ def test_provenance_is_commit_date_and_measured(repo):
         "date": datetime.date.today().isoformat(),
         "measured": ["src/a.py"],
     }
+
+
+def test_same_measured_code_compares_only_the_measured_files_of_clean_commits(repo):
+    first = _git(repo, "rev-parse", "--short", "HEAD")
+    _write(repo, {"src/b.py": "B = 2\n", "docs/notes.md": "more\n"})
+    second = _commit(repo, "outside src/a.py")
+    assert same_measured_code(repo, first, second, ["src/a.py"])
+    assert not same_measured_code(repo, first, second, ["src"])
+    _write(repo, {"src/a.py": "A = 2\n"})
+    third = _commit(repo, "src/a.py changed")
+    assert not same_measured_code(repo, first, third, ["src/a.py"])
+    assert same_measured_code(repo, third, third, ["src/a.py"])
+    # A dirty run, a missing commit: never the same code as anything.
+    assert not same_measured_code(repo, f"{third}+dirty", third, ["src/a.py"])
+    assert not same_measured_code(repo, None, third, ["src/a.py"])
 
 
 def test_declared_measured_reads_the_list_without_importing(tmp_path):
