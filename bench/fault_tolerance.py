@@ -42,8 +42,9 @@ resumed from its last checkpoint to completion, with nothing lost or duplicated.
 
 Every fault runs ``--repeats`` times (one pytest run of all of them per repeat). The JSON
 is written after every repeat; ``--resume`` keeps the repeats ``--out`` already holds when
-they ran the same faults on the same measured code (``MEASURED`` unchanged since their
-commit) and runs only the rest, so the repeats can be spread over several sittings.
+they ran the same faults on the same measured code (``MEASURED`` and this script unchanged
+since their commit) and runs only the rest, so the repeats can be spread over several
+sittings; it stops, rather than overwrite them, when they do not.
 ``-k EXPRESSION`` (pytest's) runs only the matching faults, e.g. one new fault repeated on
 its own; write such a subset to its own ``--out``, the full table stays whole. Prints a
 table (per fault: runs survived, seconds as median and range) and writes
@@ -69,7 +70,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance, same_measured_code
+from agentrl.testing.benchmarks import checkout_commit, provenance, same_measured_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,22 +264,27 @@ def _payload(
     }
 
 
-def _earlier_runs(
-    args: argparse.Namespace, started: dict[str, Any]
-) -> tuple[list[list[dict[str, Any]]], float]:
-    """With ``--resume``: the repeats ``--out`` holds, when they ran the same faults on the
-    same measured code; else none."""
+def _earlier_runs(args: argparse.Namespace) -> tuple[list[list[dict[str, Any]]], float]:
+    """With ``--resume``: the repeats ``--out`` holds (at most ``--repeats``); none without
+    it. Exits when they ran other faults or other code (this script included), rather
+    than overwrite them."""
     if not (args.resume and args.out.exists()):
         return [], 0.0
     earlier = json.loads(args.out.read_text())
     if earlier.get("only") != args.keyword:
-        Console().print(f"{args.out} ran other faults (-k {earlier.get('only')}): not resumed")
-        return [], 0.0
-    if not same_measured_code(ROOT, earlier.get("commit"), started["commit"], MEASURED):
-        Console().print(f"{args.out} measured other code ({earlier.get('commit')}): not resumed")
-        return [], 0.0
-    Console().print(f"read back {len(earlier['runs'])} repeat(s) from {args.out}")
-    return earlier["runs"], earlier["seconds"]
+        raise SystemExit(f"{args.out} ran other faults (-k {earlier.get('only')}): not resumed")
+    # This script too: it picks the fault tests and how they run.
+    compared = [*MEASURED, "bench/fault_tolerance.py"]
+    now = checkout_commit(ROOT, compared)  # +dirty (never the same) if any has changed
+    if not same_measured_code(ROOT, earlier.get("commit"), now, compared):
+        raise SystemExit(
+            f"{args.out} measured other code ({earlier.get('commit')}, now {now}): not "
+            "resumed; run without --resume to measure again"
+        )
+    runs = earlier["runs"][: args.repeats]
+    Console().print(f"read back {len(runs)} repeat(s) from {args.out}")
+    seconds = earlier["seconds"] * len(runs) / max(1, len(earlier["runs"]))
+    return runs, seconds
 
 
 def main() -> None:
@@ -293,8 +299,10 @@ def main() -> None:
         "run only the rest",
     )
     args = parser.parse_args()
+    if args.keyword and args.out == RESULTS:
+        parser.error("-k: write the subset to its own --out (the full table stays whole)")
     started = provenance(ROOT, MEASURED)
-    runs, seconds = _earlier_runs(args, started)
+    runs, seconds = _earlier_runs(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for repeat in range(len(runs), args.repeats):
         Console().print(f"fault run {repeat + 1} of {args.repeats}")

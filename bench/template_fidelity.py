@@ -100,7 +100,8 @@ async def _check_chunk(name: str, chunk: int, count: int, seed: int) -> dict[str
             part[key] += getattr(report, key)
         if not report.ok:
             part["failed_conversations"] += 1
-            part["first_failures"].append(report.detail)
+            if len(part["first_failures"]) < 3:
+                part["first_failures"].append(report.detail)
     part["seconds"] = time.perf_counter() - start
     return part
 
@@ -145,7 +146,11 @@ def run_families(args: argparse.Namespace, console: Console) -> list[dict[str, A
         }
         for future in as_completed(futures):
             name, chunk = futures[future]
-            parts[name][chunk] = future.result()
+            try:
+                parts[name][chunk] = future.result()
+            except Exception:
+                pool.shutdown(cancel_futures=True)  # fail now, not after every queued unit
+                raise
             progress.advance(tasks[name], parts[name][chunk]["conversations"])
     return [_family_row(name, [p for _, p in sorted(parts[name].items())]) for name in parts]
 
