@@ -54,6 +54,8 @@ MEASURED = [
 
 
 COUNTS = ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches")
+SUMMED = ("conversations", "assistant_turns", "tool_calls", *COUNTS, "failed_conversations")
+"""What a family's row sums over its work units."""
 CHUNK = 250
 """Conversations per work unit: a worker checks one unit of one family at a time."""
 
@@ -80,9 +82,7 @@ async def _check_chunk(name: str, chunk: int, count: int, seed: int) -> dict[str
     harness, specials = _harness(name)
     model = family(name)
     rng = random.Random(f"{seed}:{name}:{chunk}")
-    part: dict[str, Any] = dict.fromkeys(
-        ("conversations", "assistant_turns", "tool_calls", *COUNTS, "failed_conversations"), 0
-    )
+    part: dict[str, Any] = dict.fromkeys(SUMMED, 0)
     part["first_failures"] = []
     start = time.perf_counter()
     for _ in range(count):
@@ -116,9 +116,8 @@ def _family_row(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "reasoning_parser": model.reasoning_parser,
         "source": model.source,
     }
-    for key in ("conversations", "assistant_turns", "tool_calls", *COUNTS):
+    for key in SUMMED:
         row[key] = sum(part[key] for part in parts)
-    row["failed_conversations"] = sum(part["failed_conversations"] for part in parts)
     row["first_failures"] = [f for part in parts for f in part["first_failures"]][:3]
     row["seconds"] = round(sum(part["seconds"] for part in parts), 1)
     return row
