@@ -28,10 +28,16 @@ problem as one cluster (4 samples of a problem are not 4 independent draws).
 
     .venv/bin/python bench/retool_vs_cold_start.py [--seeds 0 1 2] [--steps 8]
 
-Stages already measured on the same measured code (no ``MEASURED`` file changed since
-their commit) are read back from ``--work`` (default ``runs/retool-vs-cold-start``;
-``--restart`` measures all again), so an interrupted bench resumes where it stopped, and a
-later session can add seeds.
+Each stage's result (a small JSON: an evaluation's summary, a seed's training minutes)
+is kept under ``--records`` (default ``bench/stages/retool_vs_cold_start/``, committed
+with the code) and read back when the same measured code measured it (no ``MEASURED``
+file changed since its commit; ``--restart`` measures all again), so the ~3.5 hours can
+be spread over sittings, even on fresh clones. Models, episodes and logs go to ``--work``
+(default ``runs/retool-vs-cold-start``). The cold starts are trained again in every
+sitting (3 SFT steps each); every evaluation records the SHA-256 of the weights it
+evaluated and every RL seed the cold start it started from, and a record made from other
+weights than this sitting's is measured again. A seed's training is kept only until both
+its test evaluations are recorded: a sitting that lacks the trained policy trains it again.
 Writes ``bench/results/retool_vs_cold_start.json``: ``best_cold_start`` (its direct
 fraction, the dev grid, its test results), ``seeds`` (one row per seed: RL on test, the
 gains over the baseline and their SE), ``min_gain_over_best_cold_start`` (smallest sampled
@@ -43,6 +49,7 @@ RL training plus its test evaluation), ``goal_met`` and ``commit``/``date``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -67,6 +74,7 @@ from agentrl.testing.spread import mean_sd_se
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_vs_cold_start.json"
 WORK = ROOT / "runs" / "retool-vs-cold-start"
+RECORDS = ROOT / "bench" / "stages" / "retool_vs_cold_start"
 RECIPE = ROOT / "recipes" / "retool"
 PYTHON = ROOT / ".venv" / "bin" / "python"
 AGENTRL = ROOT / ".venv" / "bin" / "agentrl"
@@ -182,14 +190,29 @@ def gain(after: dict[str, Any], before: dict[str, Any], key: str = "accuracy") -
 
 class Stages:
     """Runs each stage's commands with their output in ``work/logs``, keeps each stage's
-    result in ``work/results`` under the commit it measured, and shows progress."""
+    result in ``records`` under the commit it measured, and shows progress."""
 
-    def __init__(self, work: Path, commit: str | None, progress: Progress, restart: bool) -> None:
+    def __init__(
+        self, work: Path, records: Path, commit: str | None, progress: Progress, restart: bool
+    ) -> None:
         self.work = work
+        self.records = records
         self.commit = commit
         self.progress = progress
         self.restart = restart
         self.task = progress.add_task("stages", total=None)
+
+    def recorded(
+        self, name: str, still_valid: Callable[[dict[str, Any]], bool] = lambda result: True
+    ) -> dict[str, Any] | None:
+        """Stage ``name``'s result if the same measured code measured it already and
+        ``still_valid`` accepts it (this script's settings may have moved on)."""
+        path = self.records / f"{name}.json"
+        if self.restart or not path.exists():
+            return None
+        record = json.loads(path.read_text())
+        fresh = same_measured_code(ROOT, record.get("commit"), self.commit, MEASURED)
+        return record["result"] if fresh and still_valid(record["result"]) else None
 
     def cached(
         self,
@@ -197,19 +220,16 @@ class Stages:
         measure: Callable[[], dict[str, Any]],
         still_valid: Callable[[dict[str, Any]], bool] = lambda result: True,
     ) -> dict[str, Any]:
-        """``measure()``'s result, read back if the same measured code measured it
-        already and ``still_valid`` accepts it (this script's settings may have moved on)."""
-        path = self.work / "results" / f"{name}.json"
-        if path.exists() and not self.restart:
-            record = json.loads(path.read_text())
-            fresh = same_measured_code(ROOT, record.get("commit"), self.commit, MEASURED)
-            if fresh and still_valid(record["result"]):
-                self.progress.console.print(f"[dim]{name}: measured already, read back")
-                self.progress.advance(self.task)
-                return record["result"]
+        """``measure()``'s result, or the one recorded already (``recorded``)."""
+        result = self.recorded(name, still_valid)
+        if result is not None:
+            self.progress.console.print(f"[dim]{name}: measured already, read back")
+            self.progress.advance(self.task)
+            return result
         self.progress.update(self.task, description=name)
         start = time.perf_counter()
         result = measure() | {"minutes": (time.perf_counter() - start) / 60}
+        path = self.records / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"commit": self.commit, "result": result}, indent=2))
         self.progress.console.print(f"{name}: {result['minutes']:.1f} min")
@@ -258,11 +278,11 @@ def prepare_data(stages: Stages, dev: int, test: int) -> dict[str, Path]:
     return paths
 
 
-def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> Path:
+def train_cold_start(stages: Stages, fraction: str, data: dict[str, Path]) -> Path:
     """The recipe's cold start at ``fraction`` direct demonstrations."""
-    out = stages.work / f"cold-start-{fraction:g}"
+    out = stages.work / f"cold-start-{fraction}"
     stages.run(
-        f"cold_start_{fraction:g}",
+        f"cold_start_{fraction}",
         [
             str(PYTHON),
             str(RECIPE / "warm_start.py"),
@@ -275,7 +295,7 @@ def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> 
             "--examples",
             "24",
             "--direct-fraction",
-            str(fraction),
+            fraction,
             "--out",
             str(out),
         ],
@@ -283,11 +303,24 @@ def train_cold_start(stages: Stages, fraction: float, data: dict[str, Path]) -> 
     return out
 
 
+def weights_sha256(model: Path) -> str:
+    """SHA-256 over a Hugging Face folder's weight files (what an evaluation evaluated)."""
+    digest = hashlib.sha256()
+    files = sorted(model.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{model}: no *.safetensors weights")
+    for path in files:
+        with path.open("rb") as weights:
+            for block in iter(lambda: weights.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def evaluate(
     stages: Stages, name: str, model: Path, split: Path, samples: int, temperature: float
 ) -> dict[str, Any]:
-    """``agentrl rollout`` of ``model`` over ``split``: its summary (the episodes stay in
-    ``work/episodes/<name>.jsonl``)."""
+    """``agentrl rollout`` of ``model`` over ``split``: its summary and the model's
+    ``model_sha256`` (the episodes stay in ``work/episodes/<name>.jsonl``)."""
     out = stages.work / "episodes" / f"{name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -315,6 +348,7 @@ def evaluate(
         )
         rows = [json.loads(line) for line in out.read_text().splitlines()]
     settings = {
+        "model_sha256": weights_sha256(model),
         "samples": samples,
         "temperature": temperature,
         "loop_timeout_s": LOOP_TIMEOUT_S,
@@ -323,30 +357,39 @@ def evaluate(
     return summarize_episodes(rows) | settings
 
 
-def same_time_limit(result: dict[str, Any]) -> bool:
-    """Whether an evaluation's episodes and generate calls ran under ``LOOP_TIMEOUT_S``,
-    or none failed (a longer limit changes only the episodes that hit the shorter one)."""
-    limits = (result.get("loop_timeout_s"), result.get("request_timeout_s"))
-    return limits == (LOOP_TIMEOUT_S, LOOP_TIMEOUT_S) or result["failed_episodes"] == 0
+def still_valid(digest: str) -> Callable[[dict[str, Any]], bool]:
+    """Whether a recorded evaluation evaluated the weights ``digest`` and its episodes and
+    generate calls ran under ``LOOP_TIMEOUT_S``, or none failed (a longer limit changes
+    only the episodes that hit the shorter one)."""
+
+    def check(result: dict[str, Any]) -> bool:
+        limits = (result.get("loop_timeout_s"), result.get("request_timeout_s"))
+        same_limit = limits == (LOOP_TIMEOUT_S, LOOP_TIMEOUT_S) or result["failed_episodes"] == 0
+        return same_limit and result.get("model_sha256") == digest
+
+    return check
 
 
 def sampled_result(
-    stages: Stages, name: str, model: Path, split: Path, samples: int
+    stages: Stages, name: str, model: Path, digest: str, split: Path, samples: int
 ) -> dict[str, Any]:
-    """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``)."""
+    """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``) from
+    ``model``, whose weights hash to ``digest``."""
     stage = f"{name}_sampled"
     return stages.cached(
         stage,
         lambda: evaluate(stages, stage, model, split, samples, TEMPERATURE),
-        same_time_limit,
+        still_valid(digest),
     )
 
 
-def greedy_result(stages: Stages, name: str, model: Path, split: Path) -> dict[str, Any]:
-    """One greedy answer per problem (stage ``<name>_greedy``)."""
+def greedy_result(
+    stages: Stages, name: str, model: Path, digest: str, split: Path
+) -> dict[str, Any]:
+    """One greedy answer per problem (stage ``<name>_greedy``) from ``model``."""
     stage = f"{name}_greedy"
     return stages.cached(
-        stage, lambda: evaluate(stages, stage, model, split, 1, 0.0), same_time_limit
+        stage, lambda: evaluate(stages, stage, model, split, 1, 0.0), still_valid(digest)
     )
 
 
@@ -397,6 +440,34 @@ def train_rl(
     policy = run_dir / "policy"
     export_checkpoint(run_dir / "checkpoints" / f"step_{steps}", cold_start, policy)
     return policy
+
+
+def rl_policy(
+    stages: Stages, seed: int, cold_start: Path, data: dict[str, Path], steps: int
+) -> dict[str, Any]:
+    """Stage ``rl_seed<seed>``: the trained policy's folder and the SHA-256 of its weights
+    and of the cold start it started from."""
+    policy = train_rl(stages, seed, cold_start, data, steps)
+    return {
+        "policy": str(policy),
+        "policy_sha256": weights_sha256(policy),
+        "cold_start_sha256": weights_sha256(cold_start),
+    }
+
+
+def usable_training(
+    stages: Stages, evaluation: str, trained: dict[str, Any], cold_start_digest: str
+) -> bool:
+    """Whether a recorded RL seed can stand: it started from this sitting's cold start,
+    and either its policy is still on disk or both of its test evaluations
+    (``evaluation``'s sampled and greedy stages) are recorded already."""
+    if trained.get("cold_start_sha256") != cold_start_digest:
+        return False
+    policy = Path(trained["policy"])
+    if policy.is_dir() and weights_sha256(policy) == trained["policy_sha256"]:
+        return True
+    check = still_valid(trained["policy_sha256"])
+    return all(stages.recorded(f"{evaluation}_{kind}", check) for kind in ("sampled", "greedy"))
 
 
 # ------------------------------------------------------------------------------ report
@@ -504,59 +575,69 @@ def main() -> None:
         help="also evaluate the cold starts greedily on dev (the choice is by sampled)",
     )
     parser.add_argument("--restart", action="store_true", help="measure every stage again")
+    parser.add_argument("--work", type=Path, default=WORK, help="stages' models, episodes and logs")
     parser.add_argument(
-        "--work",
+        "--records",
         type=Path,
-        default=WORK,
-        help="stages' models, episodes, logs and results (outside the checkout, they "
-        "survive a fresh clone)",
+        default=RECORDS,
+        help="stages' results, read back when measured on the same code (commit them to "
+        "spread the bench over sittings)",
     )
     args = parser.parse_args()
     os.environ.setdefault("AGENTRL_CACHE", str(ROOT / ".cache"))
     started = provenance(ROOT, MEASURED)
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
-        stages = Stages(args.work, started["commit"], progress, args.restart)
+        stages = Stages(args.work, args.records, started["commit"], progress, args.restart)
         data = prepare_data(stages, args.dev, args.test)
-        grid = {}
-        for fraction in args.grid:
+        grid, digests = {}, {}
+        for fraction in (f"{fraction:g}" for fraction in args.grid):
             cold_start = train_cold_start(stages, fraction, data)
-            name = f"dev_cold_start_{fraction:g}"
-            grid[f"{fraction:g}"] = {
-                "sampled": sampled_result(stages, name, cold_start, data["dev"], args.dev_samples)
+            name, digests[fraction] = f"dev_cold_start_{fraction}", weights_sha256(cold_start)
+            dev, digest = data["dev"], digests[fraction]
+            grid[fraction] = {
+                "sampled": sampled_result(stages, name, cold_start, digest, dev, args.dev_samples)
             }
             if args.dev_greedy:
-                grid[f"{fraction:g}"]["greedy"] = greedy_result(
-                    stages, name, cold_start, data["dev"]
-                )
+                grid[fraction]["greedy"] = greedy_result(stages, name, cold_start, digest, dev)
         best = best_of(grid)
-        best_path = stages.work / f"cold-start-{best}"
+        best_path, best_digest = stages.work / f"cold-start-{best}", digests[best]
         test = data["test"]
         # Sampled accuracy first, on both sides: it is the goal's measure, and greedy
         # passes come after, so an interrupted bench has measured what matters most.
         baseline = {
-            "sampled": sampled_result(stages, "test_cold_start", best_path, test, args.samples)
+            "sampled": sampled_result(
+                stages, "test_cold_start", best_path, best_digest, test, args.samples
+            )
         }
         payload: dict[str, Any] = {
             "benchmark": "retool_vs_cold_start",
             **started,
-            "settings": vars(args) | {"work": str(args.work), "temperature": TEMPERATURE},
-            "best_cold_start": {"direct_fraction": best, "dev_grid": grid, "test": baseline},
+            "settings": vars(args)
+            | {"work": str(args.work), "records": str(args.records), "temperature": TEMPERATURE},
+            "best_cold_start": {
+                "direct_fraction": best,
+                "weights_sha256": best_digest,
+                "dev_grid": grid,
+                "test": baseline,
+            },
             "seeds": [],
         }
         for seed in args.seeds:
+            name = f"test_rl_seed{seed}"
             trained = stages.cached(
                 f"rl_seed{seed}",
-                lambda seed=seed: {
-                    "policy": str(train_rl(stages, seed, best_path, data, args.steps))
-                },
+                lambda seed=seed: rl_policy(stages, seed, best_path, data, args.steps),
+                lambda result, name=name: usable_training(stages, name, result, best_digest),
             )
-            name, policy = f"test_rl_seed{seed}", Path(trained["policy"])
-            rl = {"sampled": sampled_result(stages, name, policy, test, args.samples)}
+            policy, digest = Path(trained["policy"]), trained["policy_sha256"]
+            rl = {"sampled": sampled_result(stages, name, policy, digest, test, args.samples)}
             payload["seeds"].append(seed_row(seed, rl, baseline, trained["minutes"]))
             write(payload)
-            baseline["greedy"] = greedy_result(stages, "test_cold_start", best_path, test)
-            rl["greedy"] = greedy_result(stages, name, policy, test)
+            baseline["greedy"] = greedy_result(
+                stages, "test_cold_start", best_path, best_digest, test
+            )
+            rl["greedy"] = greedy_result(stages, name, policy, digest, test)
             payload["seeds"][-1] = seed_row(seed, rl, baseline, trained["minutes"])
             write(payload)
     report(payload)

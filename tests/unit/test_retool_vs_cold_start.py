@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -123,12 +124,57 @@ def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_go
 
 
 def test_an_evaluation_under_another_time_limit_is_kept_only_if_no_episode_failed(bench):
-    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0}
-    assert bench.same_time_limit(ran_under_old_limit)
-    assert not bench.same_time_limit(ran_under_old_limit | {"failed_episodes": 100})
-    assert not bench.same_time_limit({"failed_episodes": 3})  # recorded no limit
+    same = bench.still_valid("abc")
+    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0, "model_sha256": "abc"}
+    assert same(ran_under_old_limit)
+    assert not same(ran_under_old_limit | {"failed_episodes": 100})
+    assert not same({"failed_episodes": 3, "model_sha256": "abc"})  # recorded no limit
     # Episodes under the long episode limit whose generate calls had the 600 s default:
     no_call_limit = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 15}
-    assert not bench.same_time_limit(no_call_limit)
+    assert not same(no_call_limit | {"model_sha256": "abc"})
     limits = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "request_timeout_s": bench.LOOP_TIMEOUT_S}
-    assert bench.same_time_limit(limits | {"failed_episodes": 3})
+    assert same(limits | {"failed_episodes": 3, "model_sha256": "abc"})
+
+
+def test_an_evaluation_of_other_weights_is_measured_again(bench):
+    limits = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "request_timeout_s": bench.LOOP_TIMEOUT_S}
+    recorded = limits | {"failed_episodes": 0, "model_sha256": "abc"}
+    assert not bench.still_valid("def")(recorded)
+    assert not bench.still_valid("abc")(limits | {"failed_episodes": 0})  # recorded none
+
+
+def test_weights_digest_covers_every_weight_file(bench, tmp_path):
+    (tmp_path / "model-00001.safetensors").write_bytes(b"one")
+    (tmp_path / "config.json").write_text("{}")
+    first = bench.weights_sha256(tmp_path)
+    (tmp_path / "config.json").write_text('{"changed": 1}')
+    assert bench.weights_sha256(tmp_path) == first  # only the weights count
+    (tmp_path / "model-00002.safetensors").write_bytes(b"two")
+    assert bench.weights_sha256(tmp_path) != first
+    with pytest.raises(SystemExit):
+        bench.weights_sha256(tmp_path / "missing")
+
+
+def test_a_recorded_stage_is_read_back_only_on_the_same_measured_code(bench, tmp_path):
+    from rich.progress import Progress
+
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
+    ).stdout.strip()
+    records = tmp_path / "records"
+    stages = bench.Stages(tmp_path / "work", records, head, Progress(), False)
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"accuracy": 0.5}
+
+    assert stages.cached("stage", measure)["accuracy"] == 0.5
+    assert stages.cached("stage", measure)["accuracy"] == 0.5
+    assert len(calls) == 1  # read back from records/stage.json
+    assert json.loads((records / "stage.json").read_text())["commit"] == head
+    assert stages.recorded("stage", lambda result: result["accuracy"] > 0.9) is None
+    elsewhere = bench.Stages(tmp_path / "w", records, "0000000", Progress(), False)
+    assert elsewhere.recorded("stage") is None  # not this code's commit
+    restarted = bench.Stages(tmp_path / "w", records, head, Progress(), True)
+    assert restarted.recorded("stage") is None
