@@ -28,12 +28,17 @@ can beat the loops' own work.
 
 A measurement runs rounds of ``--episodes`` concurrent episodes until ``--min-seconds``
 have passed, so a fast side does more rounds rather than a shorter, noisier run; turns/s
-is its turns ÷ its seconds. Each side is measured ``--repeats`` times (the sides
-interleaved) and reports the median, and ``spread`` = (slowest − fastest) ÷ median of its
-repeats. Every measurement checks the work it did: episodes, turns and model tokens, and
-the replicas' request counters (per replica, under ``per_replica``).
+is its turns ÷ its seconds. Within one repeat of a workload the sides take turns in
+``--blocks`` blocks of ``--min-seconds`` ÷ ``--blocks`` each (the order reversed every
+other round of blocks), so every side samples the same stretch of the machine's time and
+a drift of this VM moves both sides of a ratio alike. A ratio is taken per repeat and
+reported as the median over ``--repeats``; ``ratio_spread`` and ``spread`` (of each side's
+turns/s) are (largest − smallest) ÷ median over the repeats. Every measurement checks the
+work it did: episodes, turns and model tokens, and the replicas' request counters (per
+replica, under ``per_replica``).
 
     .venv/bin/python bench/rollout_transport.py [--episodes 1000] [--repeats 5] [--replicas 2]
+        [--min-seconds 8] [--blocks 4]
 
 Prints a table and writes ``bench/results/rollout_transport.json`` (``--out`` for another
 path):
@@ -41,7 +46,8 @@ path):
 - the headline, agentrl with 1 worker against the strongest like-for-like baseline, the
   bare caller with the same coalescing rule: ``ratio_single_batched`` and
   ``ratio_tool_batched``; the same against one bare actor call per turn:
-  ``ratio_single`` and ``ratio_tool``; the floor's share, ``ratio_*_inprocess``;
+  ``ratio_single`` and ``ratio_tool``; the floor's share, ``ratio_*_inprocess``; each
+  ratio's ``ratio_spread``;
 - ``turns_per_s_single`` and ``turns_per_s_tool``; the same for 2 workers under
   ``workers2``; without coalescing under ``uncoalesced`` (when run with
   ``server.coalesce=true``); each baseline's turns/s under ``baselines``;
@@ -90,7 +96,7 @@ use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
 from rich.console import Console  # noqa: E402
-from rich.progress import MofNCompleteColumn, Progress  # noqa: E402
+from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
@@ -127,6 +133,11 @@ class Work:
     turns: int
     tokens: int
     coalesced: int = 0
+
+    def add(self, other: Work) -> None:
+        """Count ``other``'s work into this one."""
+        for field in ("episodes", "turns", "tokens", "coalesced"):
+            setattr(self, field, getattr(self, field) + getattr(other, field))
 
 
 class NullActor:
@@ -349,13 +360,37 @@ async def _measure(
     while elapsed == 0.0 or elapsed < min_seconds:
         seconds, work = await _round(side, workload, ctx, ctx["episodes"])
         elapsed += seconds
-        for field in ("episodes", "turns", "tokens", "coalesced"):
-            setattr(total, field, getattr(total, field) + getattr(work, field))
+        total.add(work)
     after = await _served_per_replica(ctx["client"])
     served = {replica: after[replica] - before.get(replica, 0) for replica in after}
     expected = 0 if side in ("bare_actor", FLOOR) else total.turns  # no Serve on these
     assert sum(served.values()) == expected, f"{side}: replicas served {served}, not {expected}"
     return elapsed, total, served
+
+
+async def _measure_interleaved(
+    sides: list[str], workload: str, ctx: dict[str, Any], min_seconds: float, blocks: int
+) -> dict[str, tuple[float, Work, dict[str, int]]]:
+    """Every side measured for ``min_seconds`` in blocks of ``min_seconds / blocks``, the
+    sides taking turns block by block (the order reversed every other round) until each
+    has its ``min_seconds`` (a side whose one round outlasts a block has fewer blocks):
+    per side, its seconds, work and turns served per replica."""
+    totals = {side: (0.0, Work(0, 0, 0, 0), {}) for side in sides}
+    block = 0
+    while any(elapsed < min_seconds for elapsed, _, _ in totals.values()):
+        for side in sides if block % 2 == 0 else sides[::-1]:
+            elapsed, total, per_replica = totals[side]
+            if elapsed >= min_seconds:
+                continue
+            seconds, work, served = await _measure(side, workload, ctx, min_seconds / blocks)
+            total.add(work)
+            for replica, turns in served.items():
+                per_replica[replica] = per_replica.get(replica, 0) + turns
+            totals[side] = (elapsed + seconds, total, per_replica)
+            if elapsed + seconds >= min_seconds:
+                ctx["progress"].advance(ctx["task"])
+        block += 1
+    return totals
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -425,19 +460,22 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     rates: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in sides}
     work: dict[str, dict[str, Work]] = {s: {} for s in sides}
     per_replica: dict[str, dict[str, dict[str, int]]] = {s: {} for s in sides}
-    total = args.repeats * len(sides) * len(WORKLOADS)
-    with Progress(*Progress.get_default_columns(), MofNCompleteColumn()) as progress:
-        task = progress.add_task("measuring", total=total)
+    total = args.repeats * len(WORKLOADS) * len(sides)
+    with Progress(
+        *Progress.get_default_columns(), MofNCompleteColumn(), TimeElapsedColumn()
+    ) as progress:
+        ctx |= {"progress": progress, "task": progress.add_task("measuring", total=total)}
         for repeat in range(args.repeats):
-            order = sides if repeat % 2 == 0 else sides[::-1]
             for workload in WORKLOADS:
-                for side in order:
-                    elapsed, done, served = await _measure(side, workload, ctx, args.min_seconds)
+                order = sides if repeat % 2 == 0 else sides[::-1]
+                measured = await _measure_interleaved(
+                    order, workload, ctx, args.min_seconds, args.blocks
+                )
+                for side, (elapsed, done, served) in measured.items():
                     rates[side][workload].append(done.turns / elapsed)
                     work[side][workload] = done
                     per_replica[side][workload] = served
                     logger.info("%s %s: %.0f turns/s", side, workload, done.turns / elapsed)
-                    progress.advance(task)
     # The latency a lone request pays: one session's turns one after another.
     latency_ms = {}
     for side in ("bare_client", "bare_coalesced"):
@@ -451,10 +489,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "repeat_rates": rates,
         "rates": {s: {w: statistics.median(rates[s][w]) for w in WORKLOADS} for s in sides},
-        "spread": {
-            s: {w: (max(r) - min(r)) / statistics.median(r) for w, r in rates[s].items()}
-            for s in sides
-        },
+        "spread": {s: {w: _spread(r) for w, r in rates[s].items()} for s in sides},
         "work": work,
         "per_replica": per_replica,
         "new_session_spread": spread,
@@ -464,23 +499,32 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _spread(values: list[float]) -> float:
+    """(largest − smallest) ÷ median."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def _ratios(run: dict[str, Any], side: str, baseline: str, workload: str) -> list[float]:
+    """``side`` ÷ ``baseline`` per repeat (both measured in the same blocks of time)."""
+    mine, theirs = run["repeat_rates"][side][workload], run["repeat_rates"][baseline][workload]
+    return [a / b for a, b in zip(mine, theirs, strict=True)]
+
+
 def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
     rates = run["rates"]
+    baselines = {"_batched": "bare_coalesced", "": "bare_actor", "_inprocess": FLOOR}
 
-    def summary(side: str) -> dict[str, float]:
+    def summary(side: str) -> dict[str, Any]:
         ratios = {
-            f"ratio_{workload}{suffix}": rates[side][workload] / rates[baseline][workload]
-            for suffix, baseline in (("_batched", "bare_coalesced"), ("", "bare_actor"))
+            f"ratio_{workload}{suffix}": _ratios(run, side, baseline, workload)
+            for suffix, baseline in baselines.items()
             for workload in WORKLOADS
         }
         return {
             "turns_per_s_single": rates[side]["single"],
             "turns_per_s_tool": rates[side]["tool"],
-            **ratios,
-            **{
-                f"ratio_{workload}_inprocess": rates[side][workload] / rates[FLOOR][workload]
-                for workload in WORKLOADS
-            },
+            **{name: statistics.median(values) for name, values in ratios.items()},
+            "ratio_spread": {name: _spread(values) for name, values in ratios.items()},
         }
 
     return {
@@ -488,6 +532,7 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         **args.started,
         "episodes": args.episodes,
         "min_seconds": args.min_seconds,
+        "blocks": args.blocks,
         "repeats": args.repeats,
         "replicas": args.replicas,
         "overrides": args.overrides,
@@ -516,25 +561,24 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _print(payload: dict[str, Any], rates: dict[str, dict[str, float]]) -> None:
+def _print(payload: dict[str, Any], run: dict[str, Any]) -> None:
     table = Table(
         title=f"Rollout transport, null engine, {payload['episodes']} concurrent episodes, "
         f"{payload['replicas']} replica(s), median of {payload['repeats']} "
-        f"(runs of at least {payload['min_seconds']} s)"
+        f"(runs of at least {payload['min_seconds']} s in {payload['blocks']} blocks); "
+        "(spread) = (largest − smallest) ÷ median over the repeats"
     )
     table.add_column("path")
     for workload in ("single-turn", "4-turn tool"):
-        for column in (f"{workload} turns/s", "spread", "vs batched bare", "vs bare actor"):
+        for column in (f"{workload} turns/s", "vs batched bare", "vs bare actor"):
             table.add_column(column, justify="right")
-    for side, rate in rates.items():
+    for side, rate in run["rates"].items():
         cells = []
         for workload in WORKLOADS:
-            cells += [
-                f"{rate[workload]:.0f}",
-                f"{payload['spread'][side][workload]:.0%}",
-                f"{rate[workload] / rates['bare_coalesced'][workload]:.2f}",
-                f"{rate[workload] / rates['bare_actor'][workload]:.2f}",
-            ]
+            cells.append(f"{rate[workload]:.0f} ({payload['spread'][side][workload]:.0%})")
+            for baseline in ("bare_coalesced", "bare_actor"):
+                ratios = _ratios(run, side, baseline, workload)
+                cells.append(f"{statistics.median(ratios):.2f} ({_spread(ratios):.0%})")
         table.add_row(side, *cells)
     console = Console(width=150)  # the table's 9 columns
     console.print(table)
@@ -548,7 +592,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--min-seconds", type=float, default=3.0, help="each measurement's least duration"
+        "--min-seconds", type=float, default=8.0, help="each measurement's least duration"
+    )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=4,
+        help="blocks a measurement is split into, the sides taking turns block by block",
     )
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--model", default="builtin:tiny-qwen2")
@@ -558,7 +608,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     run = asyncio.run(_run(args))
     payload = _payload(args, run)
-    _print(payload, run["rates"])
+    _print(payload, run)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2))
     Console().print(f"wrote {args.out}")
