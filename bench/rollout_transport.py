@@ -31,11 +31,12 @@ have passed, so a fast side does more rounds rather than a shorter, noisier run;
 is its turns ÷ its seconds. Within one repeat of a workload the sides take turns in
 ``--blocks`` blocks of ``--min-seconds`` ÷ ``--blocks`` each (the order reversed every
 other round of blocks), so every side samples the same stretch of the machine's time and
-a drift of this VM moves both sides of a ratio alike. A ratio is taken per repeat and
-reported as the median over ``--repeats``; ``ratio_spread`` and ``spread`` (of each side's
-turns/s) are (largest − smallest) ÷ median over the repeats. Every measurement checks the
-work it did: episodes, turns and model tokens, and the replicas' request counters (per
-replica, under ``per_replica``).
+a drift of this VM moves both sides of a ratio alike (a side whose one round outlasts a
+block, as the slow baselines' do on the tool loop, takes fewer, longer blocks). A ratio
+is taken per repeat and reported as the median over ``--repeats``; ``ratio_spread`` and
+``spread`` (of each side's turns/s) are (largest − smallest) ÷ median over the repeats.
+Every measurement checks the work it did: episodes, turns and model tokens, and the
+replicas' request counters (per replica, under ``per_replica``).
 
     .venv/bin/python bench/rollout_transport.py [--episodes 1000] [--repeats 5] [--replicas 2]
         [--min-seconds 8] [--blocks 4]
@@ -68,6 +69,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -369,26 +371,36 @@ async def _measure(
 
 
 async def _measure_interleaved(
-    sides: list[str], workload: str, ctx: dict[str, Any], min_seconds: float, blocks: int
+    sides: list[str],
+    workload: str,
+    ctx: dict[str, Any],
+    min_seconds: float,
+    blocks: int,
+    side_done: Callable[[], None],
 ) -> dict[str, tuple[float, Work, dict[str, int]]]:
     """Every side measured for ``min_seconds`` in blocks of ``min_seconds / blocks``, the
     sides taking turns block by block (the order reversed every other round) until each
-    has its ``min_seconds`` (a side whose one round outlasts a block has fewer blocks):
-    per side, its seconds, work and turns served per replica."""
+    has its ``min_seconds`` (a side whose one round outlasts a block has fewer blocks);
+    ``side_done`` is called as each side finishes. Per side: its seconds, work and turns
+    served per replica."""
     totals = {side: (0.0, Work(0, 0, 0, 0), {}) for side in sides}
+
+    def pending(elapsed: float) -> bool:
+        return elapsed == 0.0 or elapsed < min_seconds
+
     block = 0
-    while any(elapsed < min_seconds for elapsed, _, _ in totals.values()):
+    while any(pending(elapsed) for elapsed, _, _ in totals.values()):
         for side in sides if block % 2 == 0 else sides[::-1]:
             elapsed, total, per_replica = totals[side]
-            if elapsed >= min_seconds:
+            if not pending(elapsed):
                 continue
             seconds, work, served = await _measure(side, workload, ctx, min_seconds / blocks)
             total.add(work)
             for replica, turns in served.items():
                 per_replica[replica] = per_replica.get(replica, 0) + turns
             totals[side] = (elapsed + seconds, total, per_replica)
-            if elapsed + seconds >= min_seconds:
-                ctx["progress"].advance(ctx["task"])
+            if not pending(elapsed + seconds):
+                side_done()
         block += 1
     return totals
 
@@ -464,12 +476,17 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     with Progress(
         *Progress.get_default_columns(), MofNCompleteColumn(), TimeElapsedColumn()
     ) as progress:
-        ctx |= {"progress": progress, "task": progress.add_task("measuring", total=total)}
+        task = progress.add_task("measuring", total=total)
         for repeat in range(args.repeats):
             for workload in WORKLOADS:
                 order = sides if repeat % 2 == 0 else sides[::-1]
                 measured = await _measure_interleaved(
-                    order, workload, ctx, args.min_seconds, args.blocks
+                    order,
+                    workload,
+                    ctx,
+                    args.min_seconds,
+                    args.blocks,
+                    lambda: progress.advance(task),
                 )
                 for side, (elapsed, done, served) in measured.items():
                     rates[side][workload].append(done.turns / elapsed)
@@ -580,7 +597,7 @@ def _print(payload: dict[str, Any], run: dict[str, Any]) -> None:
                 ratios = _ratios(run, side, baseline, workload)
                 cells.append(f"{statistics.median(ratios):.2f} ({_spread(ratios):.0%})")
         table.add_row(side, *cells)
-    console = Console(width=150)  # the table's 9 columns
+    console = Console(width=150)  # the table's 7 columns
     console.print(table)
     console.print(
         f"a burst of {BURST} new sessions, sessions per replica: {payload['new_session_spread']}"
@@ -605,6 +622,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON path")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
+    if args.blocks < 1:
+        parser.error("--blocks must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     run = asyncio.run(_run(args))
     payload = _payload(args, run)
