@@ -28,16 +28,18 @@ problem as one cluster (4 samples of a problem are not 4 independent draws).
 
     .venv/bin/python bench/retool_vs_cold_start.py [--seeds 0 1 2] [--steps 8]
 
-Each stage's result (a small JSON: an evaluation's summary, a seed's training minutes)
-is kept under ``--records`` (default ``bench/stages/retool_vs_cold_start/``, committed
-with the code) and read back when the same measured code measured it (no ``MEASURED``
-file changed since its commit; ``--restart`` measures all again), so the ~3.5 hours can
-be spread over sittings, even on fresh clones. Models, episodes and logs go to ``--work``
+Each stage's result (a small JSON: an evaluation's summary, a seed's training) is kept
+under ``--records`` (default ``bench/stages/retool_vs_cold_start/``, committed with the
+code) and read back when the same measured code measured it (no ``MEASURED`` file
+changed since its commit; ``--restart`` measures all again), so the 4 or so hours can be
+spread over sittings, even on fresh clones. Models, episodes and logs go to ``--work``
 (default ``runs/retool-vs-cold-start``). The cold starts are trained again in every
-sitting (3 SFT steps each); every evaluation records the SHA-256 of the weights it
-evaluated and every RL seed the cold start it started from, and a record made from other
-weights than this sitting's is measured again. A seed's training is kept only until both
-its test evaluations are recorded: a sitting that lacks the trained policy trains it again.
+sitting (3 SFT steps each). A record made from other inputs is measured again: every
+evaluation records the SHA-256 of the weights and of the problems it evaluated, its
+samples and temperature; every RL seed the SHA-256 of its cold start, of its training
+problems and of its policy, and its steps. A seed's training stands without its policy
+on disk (a fresh clone's ``runs/`` is empty) only once both its test evaluations are
+recorded; until then a sitting trains it again.
 Writes ``bench/results/retool_vs_cold_start.json``: ``best_cold_start`` (its direct
 fraction, the dev grid, its test results), ``seeds`` (one row per seed: RL on test, the
 gains over the baseline and their SE), ``min_gain_over_best_cold_start`` (smallest sampled
@@ -279,7 +281,8 @@ def prepare_data(stages: Stages, dev: int, test: int) -> dict[str, Path]:
 
 
 def train_cold_start(stages: Stages, fraction: str, data: dict[str, Path]) -> Path:
-    """The recipe's cold start at ``fraction`` direct demonstrations."""
+    """The recipe's cold start at ``fraction`` (as written on the command line) direct
+    demonstrations."""
     out = stages.work / f"cold-start-{fraction}"
     stages.run(
         f"cold_start_{fraction}",
@@ -303,24 +306,38 @@ def train_cold_start(stages: Stages, fraction: str, data: dict[str, Path]) -> Pa
     return out
 
 
-def weights_sha256(model: Path) -> str:
-    """SHA-256 over a Hugging Face folder's weight files (what an evaluation evaluated)."""
+def sha256(files: list[Path]) -> str:
+    """SHA-256 over ``files``' bytes, in order."""
     digest = hashlib.sha256()
-    files = sorted(model.glob("*.safetensors"))
-    if not files:
-        raise SystemExit(f"{model}: no *.safetensors weights")
     for path in files:
-        with path.open("rb") as weights:
-            for block in iter(lambda: weights.read(1 << 24), b""):
+        with path.open("rb") as content:
+            for block in iter(lambda: content.read(1 << 24), b""):
                 digest.update(block)
     return digest.hexdigest()
 
 
-def evaluate(
-    stages: Stages, name: str, model: Path, split: Path, samples: int, temperature: float
-) -> dict[str, Any]:
-    """``agentrl rollout`` of ``model`` over ``split``: its summary and the model's
-    ``model_sha256`` (the episodes stay in ``work/episodes/<name>.jsonl``)."""
+def weights_sha256(model: Path) -> str:
+    """SHA-256 over a Hugging Face folder's weight files (what an evaluation evaluated)."""
+    files = sorted(model.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{model}: no *.safetensors weights")
+    return sha256(files)
+
+
+def identity(digest: str, split: Path, samples: int, temperature: float) -> dict[str, Any]:
+    """What makes a recorded evaluation this one: the weights (``digest``), the problems,
+    the answers per problem and the temperature."""
+    return {
+        "model_sha256": digest,
+        "split_sha256": sha256([split]),
+        "samples": samples,
+        "temperature": temperature,
+    }
+
+
+def evaluate(stages: Stages, name: str, model: Path, split: Path, same: dict) -> dict[str, Any]:
+    """``agentrl rollout`` of ``model`` over ``split`` as ``same`` (``identity``) says: its
+    summary, recorded with ``same`` (the episodes stay in ``work/episodes/<name>.jsonl``)."""
     out = stages.work / "episodes" / f"{name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,8 +355,8 @@ def evaluate(
                 str(out),
                 f"data.val_files=[{split}]",
                 f"model.path={model}",
-                f"rollout.n={samples}",
-                f"rollout.temperature={temperature}",
+                f"rollout.n={same['samples']}",
+                f"rollout.temperature={same['temperature']}",
                 f"rollout.loop_timeout_s={LOOP_TIMEOUT_S:g}",
                 f"server.request_timeout_s={LOOP_TIMEOUT_S:g}",
                 f"trainer.run_dir={tmp}/run",
@@ -347,25 +364,19 @@ def evaluate(
             env=env,
         )
         rows = [json.loads(line) for line in out.read_text().splitlines()]
-    settings = {
-        "model_sha256": weights_sha256(model),
-        "samples": samples,
-        "temperature": temperature,
-        "loop_timeout_s": LOOP_TIMEOUT_S,
-        "request_timeout_s": LOOP_TIMEOUT_S,
-    }
-    return summarize_episodes(rows) | settings
+    limits = {"loop_timeout_s": LOOP_TIMEOUT_S, "request_timeout_s": LOOP_TIMEOUT_S}
+    return summarize_episodes(rows) | same | limits
 
 
-def still_valid(digest: str) -> Callable[[dict[str, Any]], bool]:
-    """Whether a recorded evaluation evaluated the weights ``digest`` and its episodes and
+def same_evaluation(same: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a recorded evaluation is ``same`` (``identity``) and its episodes and
     generate calls ran under ``LOOP_TIMEOUT_S``, or none failed (a longer limit changes
     only the episodes that hit the shorter one)."""
 
     def check(result: dict[str, Any]) -> bool:
         limits = (result.get("loop_timeout_s"), result.get("request_timeout_s"))
         same_limit = limits == (LOOP_TIMEOUT_S, LOOP_TIMEOUT_S) or result["failed_episodes"] == 0
-        return same_limit and result.get("model_sha256") == digest
+        return same_limit and all(result.get(key) == value for key, value in same.items())
 
     return check
 
@@ -375,11 +386,9 @@ def sampled_result(
 ) -> dict[str, Any]:
     """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``) from
     ``model``, whose weights hash to ``digest``."""
-    stage = f"{name}_sampled"
+    stage, same = f"{name}_sampled", identity(digest, split, samples, TEMPERATURE)
     return stages.cached(
-        stage,
-        lambda: evaluate(stages, stage, model, split, samples, TEMPERATURE),
-        still_valid(digest),
+        stage, lambda: evaluate(stages, stage, model, split, same), same_evaluation(same)
     )
 
 
@@ -387,9 +396,9 @@ def greedy_result(
     stages: Stages, name: str, model: Path, digest: str, split: Path
 ) -> dict[str, Any]:
     """One greedy answer per problem (stage ``<name>_greedy``) from ``model``."""
-    stage = f"{name}_greedy"
+    stage, same = f"{name}_greedy", identity(digest, split, 1, 0.0)
     return stages.cached(
-        stage, lambda: evaluate(stages, stage, model, split, 1, 0.0), still_valid(digest)
+        stage, lambda: evaluate(stages, stage, model, split, same), same_evaluation(same)
     )
 
 
@@ -413,11 +422,25 @@ def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
 
 
+def policy_dir(stages: Stages, seed: int) -> Path:
+    """Where seed ``seed``'s trained policy is written (Hugging Face format)."""
+    return stages.work / f"rl-seed{seed}" / "policy"
+
+
+def training_inputs(cold_start_digest: str, train: Path, steps: int) -> dict[str, Any]:
+    """What makes a recorded RL seed this one: the cold start, the training problems and
+    the steps (the seed is in the stage's name)."""
+    return {"cold_start_sha256": cold_start_digest, "train_sha256": sha256([train]), "steps": steps}
+
+
 def train_rl(
     stages: Stages, seed: int, cold_start: Path, data: dict[str, Path], steps: int
-) -> Path:
-    """RL from ``cold_start`` with the recipe's settings; the trained policy's HF folder."""
-    run_dir = stages.work / f"rl-seed{seed}"
+) -> dict[str, Any]:
+    """Stage ``rl_seed<seed>``: RL from ``cold_start`` with the recipe's settings, the
+    policy exported to ``policy_dir``; records the SHA-256 of the policy's weights and
+    what it was trained from (``training_inputs``)."""
+    policy = policy_dir(stages, seed)
+    run_dir = policy.parent
     shutil.rmtree(run_dir, ignore_errors=True)
     stages.run(
         f"rl_seed{seed}",
@@ -437,37 +460,36 @@ def train_rl(
             f"server.engine.seed={seed}",
         ],
     )
-    policy = run_dir / "policy"
     export_checkpoint(run_dir / "checkpoints" / f"step_{steps}", cold_start, policy)
-    return policy
-
-
-def rl_policy(
-    stages: Stages, seed: int, cold_start: Path, data: dict[str, Path], steps: int
-) -> dict[str, Any]:
-    """Stage ``rl_seed<seed>``: the trained policy's folder and the SHA-256 of its weights
-    and of the cold start it started from."""
-    policy = train_rl(stages, seed, cold_start, data, steps)
-    return {
-        "policy": str(policy),
-        "policy_sha256": weights_sha256(policy),
-        "cold_start_sha256": weights_sha256(cold_start),
-    }
+    inputs = training_inputs(weights_sha256(cold_start), data["train"], steps)
+    return {"policy_sha256": weights_sha256(policy), **inputs}
 
 
 def usable_training(
-    stages: Stages, evaluation: str, trained: dict[str, Any], cold_start_digest: str
+    stages: Stages,
+    seed: int,
+    trained: dict[str, Any],
+    inputs: dict[str, Any],
+    test: Path,
+    samples: int,
 ) -> bool:
-    """Whether a recorded RL seed can stand: it started from this sitting's cold start,
-    and either its policy is still on disk or both of its test evaluations
-    (``evaluation``'s sampled and greedy stages) are recorded already."""
-    if trained.get("cold_start_sha256") != cold_start_digest:
+    """Whether a recorded RL seed can stand: it was trained from ``inputs``
+    (``training_inputs``), and its policy is still on disk, or, without it, both of its
+    test evaluations (``samples`` answers and greedy, on ``test``) are recorded already."""
+    if any(trained.get(key) != value for key, value in inputs.items()):
         return False
-    policy = Path(trained["policy"])
-    if policy.is_dir() and weights_sha256(policy) == trained["policy_sha256"]:
+    policy, digest = policy_dir(stages, seed), trained["policy_sha256"]
+    if any(policy.glob("*.safetensors")) and weights_sha256(policy) == digest:
         return True
-    check = still_valid(trained["policy_sha256"])
-    return all(stages.recorded(f"{evaluation}_{kind}", check) for kind in ("sampled", "greedy"))
+    name = f"test_rl_seed{seed}"
+    evaluations = {
+        f"{name}_sampled": identity(digest, test, samples, TEMPERATURE),
+        f"{name}_greedy": identity(digest, test, 1, 0.0),
+    }
+    return all(
+        stages.recorded(stage, same_evaluation(same)) is not None
+        for stage, same in evaluations.items()
+    )
 
 
 # ------------------------------------------------------------------------------ report
@@ -590,18 +612,18 @@ def main() -> None:
     with Progress(*columns) as progress:
         stages = Stages(args.work, args.records, started["commit"], progress, args.restart)
         data = prepare_data(stages, args.dev, args.test)
-        grid, digests = {}, {}
-        for fraction in (f"{fraction:g}" for fraction in args.grid):
-            cold_start = train_cold_start(stages, fraction, data)
-            name, digests[fraction] = f"dev_cold_start_{fraction}", weights_sha256(cold_start)
-            dev, digest = data["dev"], digests[fraction]
-            grid[fraction] = {
-                "sampled": sampled_result(stages, name, cold_start, digest, dev, args.dev_samples)
+        grid, cold_starts = {}, {}
+        for point in (f"{fraction:g}" for fraction in args.grid):
+            path = train_cold_start(stages, point, data)
+            cold_starts[point] = path, weights_sha256(path)
+            name, dev = f"dev_cold_start_{point}", data["dev"]
+            grid[point] = {
+                "sampled": sampled_result(stages, name, *cold_starts[point], dev, args.dev_samples)
             }
             if args.dev_greedy:
-                grid[fraction]["greedy"] = greedy_result(stages, name, cold_start, digest, dev)
+                grid[point]["greedy"] = greedy_result(stages, name, *cold_starts[point], dev)
         best = best_of(grid)
-        best_path, best_digest = stages.work / f"cold-start-{best}", digests[best]
+        best_path, best_digest = cold_starts[best]
         test = data["test"]
         # Sampled accuracy first, on both sides: it is the goal's measure, and greedy
         # passes come after, so an interrupted bench has measured what matters most.
@@ -623,14 +645,17 @@ def main() -> None:
             },
             "seeds": [],
         }
+        inputs = training_inputs(best_digest, data["train"], args.steps)
         for seed in args.seeds:
-            name = f"test_rl_seed{seed}"
             trained = stages.cached(
                 f"rl_seed{seed}",
-                lambda seed=seed: rl_policy(stages, seed, best_path, data, args.steps),
-                lambda result, name=name: usable_training(stages, name, result, best_digest),
+                lambda seed=seed: train_rl(stages, seed, best_path, data, args.steps),
+                lambda result, seed=seed: usable_training(
+                    stages, seed, result, inputs, test, args.samples
+                ),
             )
-            policy, digest = Path(trained["policy"]), trained["policy_sha256"]
+            name, policy = f"test_rl_seed{seed}", policy_dir(stages, seed)
+            digest = trained["policy_sha256"]
             rl = {"sampled": sampled_result(stages, name, policy, digest, test, args.samples)}
             payload["seeds"].append(seed_row(seed, rl, baseline, trained["minutes"]))
             write(payload)

@@ -3,6 +3,7 @@ answers of one problem as one cluster, the best cold start, the goal."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -123,24 +124,33 @@ def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_go
     assert written["goal_met"] is False  # greedy not measured: "no lower" unproven
 
 
+LIMITS = {"loop_timeout_s": 86400.0, "request_timeout_s": 86400.0}
+
+
 def test_an_evaluation_under_another_time_limit_is_kept_only_if_no_episode_failed(bench):
-    same = bench.still_valid("abc")
-    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0, "model_sha256": "abc"}
-    assert same(ran_under_old_limit)
-    assert not same(ran_under_old_limit | {"failed_episodes": 100})
-    assert not same({"failed_episodes": 3, "model_sha256": "abc"})  # recorded no limit
+    assert LIMITS["loop_timeout_s"] == bench.LOOP_TIMEOUT_S
+    same = {"model_sha256": "abc", "samples": 4}
+    check = bench.same_evaluation(same)
+    ran_under_old_limit = {"loop_timeout_s": 900.0, "failed_episodes": 0} | same
+    assert check(ran_under_old_limit)
+    assert not check(ran_under_old_limit | {"failed_episodes": 100})
+    assert not check({"failed_episodes": 3} | same)  # recorded no limit
     # Episodes under the long episode limit whose generate calls had the 600 s default:
     no_call_limit = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "failed_episodes": 15}
-    assert not same(no_call_limit | {"model_sha256": "abc"})
-    limits = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "request_timeout_s": bench.LOOP_TIMEOUT_S}
-    assert same(limits | {"failed_episodes": 3, "model_sha256": "abc"})
+    assert not check(no_call_limit | same)
+    assert check(LIMITS | {"failed_episodes": 3} | same)
 
 
-def test_an_evaluation_of_other_weights_is_measured_again(bench):
-    limits = {"loop_timeout_s": bench.LOOP_TIMEOUT_S, "request_timeout_s": bench.LOOP_TIMEOUT_S}
-    recorded = limits | {"failed_episodes": 0, "model_sha256": "abc"}
-    assert not bench.still_valid("def")(recorded)
-    assert not bench.still_valid("abc")(limits | {"failed_episodes": 0})  # recorded none
+def test_an_evaluation_of_other_weights_problems_or_samples_is_measured_again(bench, tmp_path):
+    split = tmp_path / "test.jsonl"
+    split.write_text('{"prompt": "Calculate 1 + 1."}\n')
+    same = bench.identity("abc", split, 4, 0.8)
+    recorded = LIMITS | {"failed_episodes": 0} | same
+    assert bench.same_evaluation(same)(recorded)
+    assert not bench.same_evaluation(bench.identity("def", split, 4, 0.8))(recorded)
+    assert not bench.same_evaluation(bench.identity("abc", split, 1, 0.0))(recorded)
+    split.write_text('{"prompt": "Calculate 2 + 2."}\n')
+    assert not bench.same_evaluation(bench.identity("abc", split, 4, 0.8))(recorded)
 
 
 def test_weights_digest_covers_every_weight_file(bench, tmp_path):
@@ -178,3 +188,35 @@ def test_a_recorded_stage_is_read_back_only_on_the_same_measured_code(bench, tmp
     assert elsewhere.recorded("stage") is None  # not this code's commit
     restarted = bench.Stages(tmp_path / "w", records, head, Progress(), True)
     assert restarted.recorded("stage") is None
+
+
+def test_a_recorded_seed_stands_on_its_policy_or_on_both_its_test_evaluations(bench, tmp_path):
+    from rich.progress import Progress
+
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
+    ).stdout.strip()
+    stages = bench.Stages(tmp_path / "work", tmp_path / "records", head, Progress(), False)
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("train\n")
+    test.write_text("test\n")
+    inputs = bench.training_inputs("cold", train, 8)
+    trained = {"policy_sha256": "", **inputs}
+    policy = bench.policy_dir(stages, 0)
+    policy.mkdir(parents=True)
+    (policy / "model.safetensors").write_bytes(b"weights")
+    trained["policy_sha256"] = bench.weights_sha256(policy)
+    usable = functools.partial(bench.usable_training, stages, 0, test=test, samples=4)
+    assert usable(trained, inputs)
+    assert not usable(trained, bench.training_inputs("other cold start", train, 8))
+    assert not usable(trained, bench.training_inputs("cold", train, 4))  # other steps
+    (policy / "model.safetensors").unlink()  # a fresh clone: no policy on disk
+    assert not usable(trained, inputs)
+    digest = trained["policy_sha256"]
+    sampled = LIMITS | {"failed_episodes": 0} | bench.identity(digest, test, 4, 0.8)
+    stages.cached("test_rl_seed0_sampled", lambda: sampled)
+    assert not usable(trained, inputs)  # the greedy pass still needs the policy
+    greedy = LIMITS | {"failed_episodes": 0} | bench.identity(digest, test, 1, 0.0)
+    stages.cached("test_rl_seed0_greedy", lambda: greedy)
+    assert usable(trained, inputs)
+    assert not usable(trained | {"policy_sha256": "another policy"}, inputs)
