@@ -188,7 +188,7 @@ def main() -> None:
             str(row["gateway_mismatches"]),
             str(row["seconds"]),
         )
-    console.print(table, width=150)
+    Console(width=150).print(table)  # a log file or pipe gets the whole table too
     console.print(f"{wall:.0f} s wall on {args.workers} worker(s); check s: summed over workers")
     result = {
         **started,
