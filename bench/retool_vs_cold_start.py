@@ -381,12 +381,22 @@ def same_evaluation(same: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
     return check
 
 
+def sampled_stage(name: str, digest: str, split: Path, samples: int) -> tuple[str, dict]:
+    """Stage ``<name>_sampled``, ``samples`` answers per problem at T = 0.8, and its
+    ``identity``."""
+    return f"{name}_sampled", identity(digest, split, samples, TEMPERATURE)
+
+
+def greedy_stage(name: str, digest: str, split: Path) -> tuple[str, dict]:
+    """Stage ``<name>_greedy``, one greedy answer per problem, and its ``identity``."""
+    return f"{name}_greedy", identity(digest, split, 1, 0.0)
+
+
 def sampled_result(
     stages: Stages, name: str, model: Path, digest: str, split: Path, samples: int
 ) -> dict[str, Any]:
-    """``samples`` answers per problem at T = 0.8 (stage ``<name>_sampled``) from
-    ``model``, whose weights hash to ``digest``."""
-    stage, same = f"{name}_sampled", identity(digest, split, samples, TEMPERATURE)
+    """``sampled_stage`` of ``model``, whose weights hash to ``digest``."""
+    stage, same = sampled_stage(name, digest, split, samples)
     return stages.cached(
         stage, lambda: evaluate(stages, stage, model, split, same), same_evaluation(same)
     )
@@ -395,8 +405,8 @@ def sampled_result(
 def greedy_result(
     stages: Stages, name: str, model: Path, digest: str, split: Path
 ) -> dict[str, Any]:
-    """One greedy answer per problem (stage ``<name>_greedy``) from ``model``."""
-    stage, same = f"{name}_greedy", identity(digest, split, 1, 0.0)
+    """``greedy_stage`` of ``model``, whose weights hash to ``digest``."""
+    stage, same = greedy_stage(name, digest, split)
     return stages.cached(
         stage, lambda: evaluate(stages, stage, model, split, same), same_evaluation(same)
     )
@@ -422,6 +432,11 @@ def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
 
 
+def rl_evaluation(seed: int) -> str:
+    """The name of seed ``seed``'s test evaluations (``sampled_stage``, ``greedy_stage``)."""
+    return f"test_rl_seed{seed}"
+
+
 def policy_dir(stages: Stages, seed: int) -> Path:
     """Where seed ``seed``'s trained policy is written (Hugging Face format)."""
     return stages.work / f"rl-seed{seed}" / "policy"
@@ -436,9 +451,9 @@ def training_inputs(cold_start_digest: str, train: Path, steps: int) -> dict[str
 def train_rl(
     stages: Stages, seed: int, cold_start: Path, data: dict[str, Path], steps: int
 ) -> dict[str, Any]:
-    """Stage ``rl_seed<seed>``: RL from ``cold_start`` with the recipe's settings, the
-    policy exported to ``policy_dir``; records the SHA-256 of the policy's weights and
-    what it was trained from (``training_inputs``)."""
+    """Stage ``rl_seed<seed>`` without its ``training_inputs``: RL from ``cold_start``
+    with the recipe's settings, the policy exported to ``policy_dir``; the SHA-256 of the
+    policy's weights."""
     policy = policy_dir(stages, seed)
     run_dir = policy.parent
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -461,8 +476,7 @@ def train_rl(
         ],
     )
     export_checkpoint(run_dir / "checkpoints" / f"step_{steps}", cold_start, policy)
-    inputs = training_inputs(weights_sha256(cold_start), data["train"], steps)
-    return {"policy_sha256": weights_sha256(policy), **inputs}
+    return {"policy_sha256": weights_sha256(policy)}
 
 
 def usable_training(
@@ -481,14 +495,10 @@ def usable_training(
     policy, digest = policy_dir(stages, seed), trained["policy_sha256"]
     if any(policy.glob("*.safetensors")) and weights_sha256(policy) == digest:
         return True
-    name = f"test_rl_seed{seed}"
-    evaluations = {
-        f"{name}_sampled": identity(digest, test, samples, TEMPERATURE),
-        f"{name}_greedy": identity(digest, test, 1, 0.0),
-    }
+    name = rl_evaluation(seed)
+    evaluations = (sampled_stage(name, digest, test, samples), greedy_stage(name, digest, test))
     return all(
-        stages.recorded(stage, same_evaluation(same)) is not None
-        for stage, same in evaluations.items()
+        stages.recorded(stage, same_evaluation(same)) is not None for stage, same in evaluations
     )
 
 
@@ -649,12 +659,12 @@ def main() -> None:
         for seed in args.seeds:
             trained = stages.cached(
                 f"rl_seed{seed}",
-                lambda seed=seed: train_rl(stages, seed, best_path, data, args.steps),
+                lambda seed=seed: train_rl(stages, seed, best_path, data, args.steps) | inputs,
                 lambda result, seed=seed: usable_training(
                     stages, seed, result, inputs, test, args.samples
                 ),
             )
-            name, policy = f"test_rl_seed{seed}", policy_dir(stages, seed)
+            name, policy = rl_evaluation(seed), policy_dir(stages, seed)
             digest = trained["policy_sha256"]
             rl = {"sampled": sampled_result(stages, name, policy, digest, test, args.samples)}
             payload["seeds"].append(seed_row(seed, rl, baseline, trained["minutes"]))

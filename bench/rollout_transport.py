@@ -352,6 +352,11 @@ async def _round(
     return elapsed, work
 
 
+def _pending(elapsed: float, min_seconds: float) -> bool:
+    """Whether a measurement needs another round: none yet, or under ``min_seconds``."""
+    return elapsed == 0.0 or elapsed < min_seconds
+
+
 async def _measure(
     side: str, workload: str, ctx: dict[str, Any], min_seconds: float = 0.0
 ) -> tuple[float, Work, dict[str, int]]:
@@ -359,7 +364,7 @@ async def _measure(
     each replica served (checked against the work)."""
     before = await _served_per_replica(ctx["client"])
     elapsed, total = 0.0, Work(0, 0, 0, 0)
-    while elapsed == 0.0 or elapsed < min_seconds:
+    while _pending(elapsed, min_seconds):
         seconds, work = await _round(side, workload, ctx, ctx["episodes"])
         elapsed += seconds
         total.add(work)
@@ -385,21 +390,18 @@ async def _measure_interleaved(
     served per replica."""
     totals = {side: (0.0, Work(0, 0, 0, 0), {}) for side in sides}
 
-    def pending(elapsed: float) -> bool:
-        return elapsed == 0.0 or elapsed < min_seconds
-
     block = 0
-    while any(pending(elapsed) for elapsed, _, _ in totals.values()):
+    while any(_pending(elapsed, min_seconds) for elapsed, _, _ in totals.values()):
         for side in sides if block % 2 == 0 else sides[::-1]:
             elapsed, total, per_replica = totals[side]
-            if not pending(elapsed):
+            if not _pending(elapsed, min_seconds):
                 continue
             seconds, work, served = await _measure(side, workload, ctx, min_seconds / blocks)
             total.add(work)
             for replica, turns in served.items():
                 per_replica[replica] = per_replica.get(replica, 0) + turns
             totals[side] = (elapsed + seconds, total, per_replica)
-            if not pending(elapsed + seconds):
+            if not _pending(elapsed + seconds, min_seconds):
                 side_done()
         block += 1
     return totals

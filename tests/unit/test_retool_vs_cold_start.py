@@ -24,6 +24,14 @@ def bench():
     return module
 
 
+@pytest.fixture(scope="module")
+def head() -> str:
+    """This repository's HEAD commit, short (a commit a record can be measured at)."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def episode(problem: int, acc: float, calls: int = 1, ok: int = 1, error: str | None = None):
     return {
         "row_index": problem,
@@ -165,12 +173,9 @@ def test_weights_digest_covers_every_weight_file(bench, tmp_path):
         bench.weights_sha256(tmp_path / "missing")
 
 
-def test_a_recorded_stage_is_read_back_only_on_the_same_measured_code(bench, tmp_path):
+def test_a_recorded_stage_is_read_back_only_on_the_same_measured_code(bench, head, tmp_path):
     from rich.progress import Progress
 
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
-    ).stdout.strip()
     records = tmp_path / "records"
     stages = bench.Stages(tmp_path / "work", records, head, Progress(), False)
     calls = []
@@ -190,12 +195,11 @@ def test_a_recorded_stage_is_read_back_only_on_the_same_measured_code(bench, tmp
     assert restarted.recorded("stage") is None
 
 
-def test_a_recorded_seed_stands_on_its_policy_or_on_both_its_test_evaluations(bench, tmp_path):
+def test_a_recorded_seed_stands_on_its_policy_or_on_both_its_test_evaluations(
+    bench, head, tmp_path
+):
     from rich.progress import Progress
 
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
-    ).stdout.strip()
     stages = bench.Stages(tmp_path / "work", tmp_path / "records", head, Progress(), False)
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text("train\n")
