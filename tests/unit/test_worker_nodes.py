@@ -16,6 +16,10 @@ def test_the_driver_node_comes_first_then_the_others_by_id() -> None:
     assert node_order(nodes, driver_node="d") == ["d", "a", "b", "c"]
 
 
+def test_a_driver_outside_the_cluster_s_cpu_nodes_changes_nothing() -> None:
+    assert node_order([_node("b"), _node("a")], driver_node="x") == ["a", "b"]
+
+
 def test_dead_nodes_and_nodes_without_cpus_get_no_worker() -> None:
     nodes = [_node("head", cpus=0), _node("w1"), _node("w2", alive=False), _node("w3")]
     assert node_order(nodes, driver_node="head") == ["w1", "w3"]
