@@ -36,7 +36,10 @@ and by the run directory's audit (``agentrl.trainer.audit``: ``audit.jsonl`` rep
 after the run, resumes rolled back to their checkpoint), read by those and by the driver
 kill. The gateway outage counts sessions, not rows.
 A fault "survived" when its run completed, or stopped at once with a clear error and
-resumed from its last checkpoint to completion, with nothing lost or duplicated.
+resumed from its last checkpoint to completion, with nothing lost or duplicated. Each test
+records ``fault_injected`` just before its fault: one that failed before that never had
+its fault, and is counted apart (``faults_not_injected``, "not injected" in the table),
+not as a fault survived or not.
 
     .venv/bin/python bench/fault_tolerance.py [--repeats 3]
 
@@ -65,7 +68,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -145,16 +148,26 @@ def _run_pytest(targets: list[str], junit: Path, keyword: str | None) -> float:
     return time.monotonic() - start
 
 
-def _cases(junit: Path) -> list[tuple[str, bool, dict | None]]:
-    """(test id, passed, recorded ledger) per test case of a junit XML report."""
+class Case(NamedTuple):
+    """One test case of the junit report: its outcome and what it recorded."""
+
+    test_id: str
+    passed: bool
+    ledger: dict[str, Any] | None
+    injected: bool
+    """It recorded ``fault_injected`` (``fault_ledger.fault_injected``, just before the
+    fault): a test that failed without it failed before its fault."""
+
+
+def _cases(junit: Path) -> list[Case]:
+    """Every test case of a junit XML report."""
     cases = []
     for case in ET.parse(junit).getroot().iter("testcase"):
         passed = not any(child.tag in ("failure", "error", "skipped") for child in case)
-        ledger = None
-        for prop in case.iter("property"):
-            if prop.get("name") == "fault":
-                ledger = json.loads(prop.get("value", "{}"))
-        cases.append((f"{case.get('classname')}::{case.get('name')}", passed, ledger))
+        properties = {prop.get("name"): prop.get("value", "") for prop in case.iter("property")}
+        ledger = json.loads(properties["fault"]) if "fault" in properties else None
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        cases.append(Case(test_id, passed, ledger, "fault_injected" in properties))
     return cases
 
 
@@ -164,18 +177,41 @@ def _run_once(keyword: str | None) -> tuple[float, list[dict[str, Any]]]:
     with TemporaryDirectory() as tmp:
         junit = Path(tmp) / "report.xml"
         seconds = _run_pytest(RUN_FAULTS, junit, keyword)
-        cases = _cases(junit)
+        return seconds, _fault_records(_cases(junit))
+
+
+def _fault_records(cases: list[Case]) -> list[dict[str, Any]]:
+    """A record per fault test: its ledger, or, for a test that failed before it recorded
+    one, whether its fault had been injected (counted, never hidden)."""
     faults = []
-    for test_id, passed, ledger in cases:
-        if ledger is not None:
-            survived = passed and ledger["completed"]
-            faults.append({**ledger, "test": test_id, "survived": survived})
-        elif not passed:
-            # Failed before it could record what happened: counted, never hidden.
-            failed = {"fault": test_id.split("::")[-1], "completed": False, "resumed": False}
-            failed["error"] = "the test failed before it recorded its ledger"
-            faults.append({**failed, "test": test_id, "survived": False, "no_ledger": True})
-    return seconds, faults
+    for case in cases:
+        if case.ledger is not None:
+            survived = case.passed and case.ledger["completed"]
+            faults.append({**case.ledger, "test": case.test_id, "survived": survived})
+        elif not case.passed:
+            error = (
+                "the test failed after its fault, before it recorded its ledger"
+                if case.injected
+                else "the test failed before it injected its fault"
+            )
+            faults.append(
+                {
+                    "fault": case.test_id.split("::")[-1],
+                    "completed": False,
+                    "resumed": False,
+                    "error": error,
+                    "test": case.test_id,
+                    "survived": False,
+                    "no_ledger": True,
+                    "injected": case.injected,
+                }
+            )
+    return faults
+
+
+def _injected(fault: dict[str, Any]) -> bool:
+    # Records from before the injected flag: every one counted as injected, as then.
+    return fault.get("injected", True)
 
 
 def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -189,13 +225,15 @@ def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for test, records in by_test.items():
         optimizers = [r["optimizer"] for r in records if r.get("optimizer")]
         audits = [r["audit"] for r in records if r.get("audit")]
+        with_ledger = [r for r in records if not r.get("no_ledger")]
         summary.append(
             {
-                "fault": records[0]["fault"],
+                "fault": (with_ledger or records)[0]["fault"],
                 "test": test,
                 "runs": len(records),
+                "not_injected": sum(not _injected(r) for r in records),
                 "survived": sum(bool(r["survived"]) for r in records),
-                "outcome": _outcome(records[0]),
+                "outcome": _outcome((with_ledger or records)[0]),
                 "seconds_to_recover_or_stop": [
                     r.get("seconds_to_recover_or_stop") for r in records
                 ],
@@ -223,10 +261,18 @@ def _audit_sums(audits: list[dict[str, int]]) -> dict[str, int | None]:
 
 def _outcome(fault: dict[str, Any]) -> str:
     if fault.get("no_ledger"):
-        return "test failed"
+        return "test failed" if _injected(fault) else "test failed before its fault"
+    if not fault["completed"]:
+        return "did not complete"
     if fault["error"]:
         return "stopped → resumed → completed"
     return "resumed → completed" if fault["resumed"] else "completed"
+
+
+def _survived_cell(fault: dict[str, Any]) -> str:
+    """Survived of the runs whose fault was injected, and the others apart."""
+    cell = f"{fault['survived']}/{fault['runs'] - fault['not_injected']}"
+    return cell + (f" ({fault['not_injected']} not injected)" if fault["not_injected"] else "")
 
 
 def _seconds_cell(values: list[float | None]) -> str:
@@ -247,14 +293,17 @@ def _payload(
     seconds: float,
 ) -> dict[str, Any]:
     every = [fault for faults in runs for fault in faults]
+    injected = [fault for fault in every if _injected(fault)]
     return {
         "benchmark": "fault_tolerance",
         **started,
         "seconds": round(seconds, 1),
         "repeats_per_fault": len(runs),
         "only": args.keyword,
-        "faults_injected": len(every),
-        "faults_survived": sum(bool(f["survived"]) for f in every),
+        "faults_injected": len(injected),
+        "faults_survived": sum(bool(f["survived"]) for f in injected),
+        # Tests that failed before their fault: not a fault survived or not, shown apart.
+        "faults_not_injected": len(every) - len(injected),
         # Counted per dataset row (a group of rollout.n episodes is lost or trained twice
         # as a whole: a batch takes complete groups only), per session for the gateway.
         "episodes_lost": sum(f.get("rows_lost", 0) for f in every),
@@ -331,7 +380,7 @@ def main() -> None:
         )
         table.add_row(
             f["fault"],
-            f"{f['survived']}/{f['runs']}",
+            _survived_cell(f),
             f["outcome"],
             _seconds_cell(f["seconds_to_recover_or_stop"]),
             _seconds_cell(f["seconds_to_first_trained_step"]),
@@ -346,7 +395,8 @@ def main() -> None:
     Console(width=160).print(table)
     args.out.write_text(json.dumps(payload, indent=2))
     Console().print(
-        f"{payload['faults_survived']}/{payload['faults_injected']} fault runs survived, "
+        f"{payload['faults_survived']}/{payload['faults_injected']} fault runs survived "
+        f"({payload['faults_not_injected']} failed before their fault), "
         f"{payload['episodes_lost']} lost, {payload['episodes_duplicated']} duplicated; "
         f"wrote {args.out}"
     )

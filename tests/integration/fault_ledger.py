@@ -37,6 +37,14 @@ async def when_step(trainer: AsyncTrainer, fit: asyncio.Task, step: int) -> None
     assert not fit.done(), fit
 
 
+def fault_injected(record_property) -> float:
+    """Records, just before a test injects its fault, that it does (the
+    ``fault_injected`` property: the bench tells a test that failed before its fault from
+    a fault not survived), and returns the time (``time.monotonic()``)."""
+    record_property("fault_injected", "true")
+    return time.monotonic()
+
+
 def run_shape(tmp: Path) -> list[str]:
     """Overrides, after a test's own, that give a fault run the bench's shape: 2 replicas
     and ``CodeToolLoop`` on code rows written under ``tmp`` (nothing in the default suite)."""

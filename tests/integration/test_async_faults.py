@@ -33,6 +33,7 @@ from fault_ledger import (
     REPLICAS,
     Ledger,
     OptimizerLedger,
+    fault_injected,
     run_shape,
     when_step,
 )
@@ -123,7 +124,7 @@ def _assert_the_replicas_recovered(
 
 
 async def _fit_and_kill(
-    trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]]
+    trainer: AsyncTrainer, at_step: int, find_pids: Callable[[], list[int]], record_property
 ) -> tuple[list[dict[str, float]], float, float]:
     """Fit ``trainer`` (set up) and SIGKILL the first process ``find_pids`` names once
     step ``at_step`` is reached (waiting for one to exist); the run's history, the
@@ -133,7 +134,7 @@ async def _fit_and_kill(
     async with asyncio.timeout(120):
         while not (pids := find_pids()):
             await asyncio.sleep(0.05)
-    killed_at = time.monotonic()
+    killed_at = fault_injected(record_property)
     os.kill(pids[0], signal.SIGKILL)
     history = await asyncio.wait_for(fit, 600)
     return history, time.monotonic() - killed_at, killed_at
@@ -186,7 +187,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     probe = ["trainer.old_log_probs=rollout", "trainer.mismatch_probe_every=1"]
     extra = [*ASYNC, *shape, *probe]
     second = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
-    started = time.monotonic()
+    started = fault_injected(record_property)  # the first run stopped: resumed from here
     second.setup()
     optimizer.attach(second)
     resumed_from = second._feed.state_dict()
@@ -233,7 +234,7 @@ async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_compl
     optimizer.attach(trainer)
     try:
         history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
-            trainer, 1, lambda: _pids("ray::AgentLoopWorker")
+            trainer, 1, lambda: _pids("ray::AgentLoopWorker"), record_property
         )
     finally:
         trainer.shutdown()
@@ -264,7 +265,7 @@ async def test_a_killed_rollout_replica_is_restarted_and_gets_the_current_weight
     optimizer.attach(trainer)
     try:
         history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
-            trainer, 2, lambda: _pids("ray::ServeReplica:rollout:")
+            trainer, 2, lambda: _pids("ray::ServeReplica:rollout:"), record_property
         )
         versions = await _replica_versions_once_all_are_back(trainer, 2)
     finally:
@@ -310,7 +311,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         async with asyncio.timeout(120):
             while not (paused := list(paused_dir.iterdir())):
                 await asyncio.sleep(0.02)
-        killed.append(time.monotonic())
+        killed.append(fault_injected(record_property))
         os.kill(int(paused[0].name), signal.SIGKILL)
         return await swap
 
@@ -367,7 +368,7 @@ async def test_a_replica_killed_during_a_staged_gloo_push_is_left_out_and_caught
         attempts.append(trainer.version)
         if trainer.version == 2 and not killed:
             await asyncio.sleep(1.0)  # both replicas' workers are in the broadcast by now
-            killed.append(time.monotonic())
+            killed.append(fault_injected(record_property))
             _kill_process_tree(_pids("ray::ServeReplica:rollout:")[0])
         await send(sender)
 
@@ -414,7 +415,7 @@ async def test_a_hung_and_a_killed_sandbox_answer_the_model_and_the_run_complete
     optimizer.attach(trainer)
     try:
         history, ledger.seconds_to_recover_or_stop, killed_at = await _fit_and_kill(
-            trainer, 1, _sandbox_pids
+            trainer, 1, _sandbox_pids, record_property
         )
     finally:
         trainer.shutdown()
@@ -446,7 +447,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
         await when_step(trainer, fit, 2)
         ranks = _pids("ray::ActorWorker")
         assert len(ranks) == 2
-        killed_at = time.monotonic()
+        killed_at = fault_injected(record_property)
         os.kill(ranks[1], signal.SIGKILL)
         with pytest.raises(WorkerGroupError, match="ActorWorker: a rank failed, group stopped"):
             await asyncio.wait_for(fit, 300)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from fault_ledger import Ledger, run_shape
+from fault_ledger import Ledger, fault_injected, run_shape
 from toy_task import toy_overrides
 
 from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
@@ -81,7 +81,7 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
         checkpoint = run_dir / "checkpoints" / f"step_{KILL_AFTER_CHECKPOINT}"
         _wait_for(checkpoint / TRAINER_STATE_FILE, driver, 600)
         started = psutil.Process(driver.pid).children(recursive=True)
-        killed_at = time.monotonic()
+        killed_at = fault_injected(record_property)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
     finally:

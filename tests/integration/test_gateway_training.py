@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 import ray
-from fault_ledger import Ledger
+from fault_ledger import Ledger, fault_injected
 from ray import serve
 from toy_task import toy_config
 
@@ -157,7 +157,7 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
         assert held["held"] == 2 and held["held_on_disk"] == 1, held
         assert held["sent"] == before["sent"], held
 
-        outage_over = time.monotonic()
+        outage_over = fault_injected(record_property)  # sessions finished in the outage
         fit = asyncio.create_task(trainer.fit())
         deadline = time.monotonic() + 60
         while True:  # fit creates the queue under the sink's name

@@ -22,7 +22,14 @@ import time
 
 import pytest
 import ray
-from fault_ledger import QUICK_ENGINE, Ledger, OptimizerLedger, run_shape, when_step
+from fault_ledger import (
+    QUICK_ENGINE,
+    Ledger,
+    OptimizerLedger,
+    fault_injected,
+    run_shape,
+    when_step,
+)
 from local_cluster import cluster_fixture, free_port
 from toy_task import toy_config
 
@@ -106,7 +113,7 @@ async def test_a_lost_worker_node_s_replica_and_episodes_move_to_the_head(
         assert sorted(_worker_nodes(trainer)) == sorted([cluster.node_id("head"), node2])
         fit = asyncio.create_task(trainer.fit())
         await when_step(trainer, fit, 1)
-        lost_at = time.monotonic()
+        lost_at = fault_injected(record_property)
         cluster.kill_node("node2")
         history = await asyncio.wait_for(fit, 900)
         ledger.seconds_to_recover_or_stop = time.monotonic() - lost_at
@@ -143,7 +150,7 @@ async def test_a_lost_fsdp_rank_node_stops_the_run_naming_it_and_it_resumes(
     try:
         fit = asyncio.create_task(trainer.fit())
         await when_step(trainer, fit, 2)
-        lost_at = time.monotonic()
+        lost_at = fault_injected(record_property)
         cluster.kill_node("node2")
         names_the_node = rf"rank \d on node {node2[:8]}.*unreachable"
         with pytest.raises(WorkerGroupError, match=names_the_node) as stopped:

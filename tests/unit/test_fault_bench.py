@@ -1,0 +1,83 @@
+"""bench/fault_tolerance.py's reading of the fault tests' junit report: a test that
+failed before its fault is counted apart from a fault that was not survived."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_tolerance.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("fault_tolerance_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ledger(fault: str, completed: bool = True) -> str:
+    ledger = {"fault": fault, "completed": completed, "error": None, "resumed": False}
+    return json.dumps(ledger | {"rows_lost": 0, "rows_duplicated": 0})
+
+
+def _report(tmp_path: Path) -> Path:
+    """Four cases: survived; failed after its fault with no ledger; failed before its
+    fault; and a ledger recorded by a test that then failed."""
+    ok = _ledger("worker killed").replace('"', "&quot;")
+    bad = _ledger("replica killed", completed=False).replace('"', "&quot;")
+    junit = tmp_path / "report.xml"
+    junit.write_text(
+        f"""<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="t" name="test_worker"><properties>
+  <property name="fault_injected" value="true"/><property name="fault" value="{ok}"/>
+</properties></testcase>
+<testcase classname="t" name="test_rank"><properties>
+  <property name="fault_injected" value="true"/></properties><failure message="x"/></testcase>
+<testcase classname="t" name="test_node"><failure message="no node"/></testcase>
+<testcase classname="t" name="test_replica"><properties>
+  <property name="fault_injected" value="true"/><property name="fault" value="{bad}"/>
+</properties><failure message="y"/></testcase>
+</testsuite></testsuites>"""
+    )
+    return junit
+
+
+def test_a_test_that_failed_before_its_fault_is_counted_apart(bench, tmp_path):
+    records = bench._fault_records(bench._cases(_report(tmp_path)))
+    by_test = {record["test"]: record for record in records}
+    assert [by_test[f"t::{name}"]["survived"] for name in ("test_worker", "test_rank")] == [
+        True,
+        False,
+    ]
+    assert by_test["t::test_rank"]["injected"] is True
+    assert by_test["t::test_node"]["injected"] is False
+    assert "before it injected" in by_test["t::test_node"]["error"]
+    assert by_test["t::test_replica"]["survived"] is False  # a ledger, but the test failed
+
+    payload = bench._payload({"commit": "abc"}, _Args(), [records, records], 10.0)
+    assert payload["faults_injected"] == 6 and payload["faults_not_injected"] == 2
+    assert payload["faults_survived"] == 2
+    node = next(f for f in payload["summary"] if f["test"] == "t::test_node")
+    assert (node["runs"], node["not_injected"], node["survived"]) == (2, 2, 0)
+    assert node["outcome"] == "test failed before its fault"
+    assert bench._survived_cell(node) == "0/0 (2 not injected)"
+    replica = next(f for f in payload["summary"] if f["test"] == "t::test_replica")
+    assert replica["outcome"] == "did not complete"
+    worker = next(f for f in payload["summary"] if f["test"] == "t::test_worker")
+    assert bench._survived_cell(worker) == "2/2"
+
+
+def test_records_from_before_the_flag_count_as_injected(bench):
+    old = {"fault": "x", "test": "t::x", "survived": False, "no_ledger": True, "error": "e"}
+    payload = bench._payload({}, _Args(), [[old]], 1.0)
+    assert payload["faults_injected"] == 1 and payload["faults_not_injected"] == 0
+    assert payload["summary"][0]["outcome"] == "test failed"
+
+
+class _Args:
+    keyword = None
