@@ -52,8 +52,8 @@ sittings; it stops, rather than overwrite them, when they do not.
 its own; write such a subset to its own ``--out``, the full table stays whole. Prints a
 table (per fault: runs survived, seconds as median and range) and writes
 ``bench/results/fault_tolerance.json``: totals, ``repeats_per_fault``, ``summary`` (per fault,
-over the runs: ``survived`` of ``runs``) and
-``runs`` (every run's ledgers).
+over the runs: ``survived`` of the ``runs`` less the ``not_injected``) and ``runs`` (every
+run's ledgers).
 """
 
 from __future__ import annotations
@@ -149,10 +149,11 @@ def _run_pytest(targets: list[str], junit: Path, keyword: str | None) -> float:
 
 
 class Case(NamedTuple):
-    """One test case of the junit report: its outcome and what it recorded."""
+    """One test of the junit report: its outcome and what it recorded."""
 
     test_id: str
     passed: bool
+    skipped: bool
     ledger: dict[str, Any] | None
     injected: bool
     """It recorded ``fault_injected`` (``fault_ledger.fault_injected``, just before the
@@ -160,15 +161,28 @@ class Case(NamedTuple):
 
 
 def _cases(junit: Path) -> list[Case]:
-    """Every test case of a junit XML report."""
-    cases = []
+    """Every test of a junit XML report, once: a test whose call failed and whose
+    teardown then errored has two entries there, merged here (failed if either did)."""
+    merged: dict[str, Case] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        passed = not any(child.tag in ("failure", "error", "skipped") for child in case)
+        outcomes = {child.tag for child in case} & {"failure", "error", "skipped"}
         properties = {prop.get("name"): prop.get("value", "") for prop in case.iter("property")}
         ledger = json.loads(properties["fault"]) if "fault" in properties else None
         test_id = f"{case.get('classname')}::{case.get('name')}"
-        cases.append(Case(test_id, passed, ledger, "fault_injected" in properties))
-    return cases
+        this = Case(
+            test_id, not outcomes, outcomes == {"skipped"}, ledger, "fault_injected" in properties
+        )
+        if test_id in merged:
+            first = merged[test_id]
+            this = Case(
+                test_id,
+                first.passed and this.passed,
+                first.skipped and this.skipped,
+                first.ledger or this.ledger,
+                first.injected or this.injected,
+            )
+        merged[test_id] = this
+    return list(merged.values())
 
 
 def _run_once(keyword: str | None) -> tuple[float, list[dict[str, Any]]]:
@@ -189,11 +203,12 @@ def _fault_records(cases: list[Case]) -> list[dict[str, Any]]:
             survived = case.passed and case.ledger["completed"]
             faults.append({**case.ledger, "test": case.test_id, "survived": survived})
         elif not case.passed:
-            error = (
-                "the test failed after its fault, before it recorded its ledger"
-                if case.injected
-                else "the test failed before it injected its fault"
-            )
+            if case.skipped:
+                error = "the test was skipped"
+            elif case.injected:
+                error = "the test failed after its fault, before it recorded its ledger"
+            else:
+                error = "the test failed before it injected its fault"
             faults.append(
                 {
                     "fault": case.test_id.split("::")[-1],
@@ -203,6 +218,7 @@ def _fault_records(cases: list[Case]) -> list[dict[str, Any]]:
                     "test": case.test_id,
                     "survived": False,
                     "no_ledger": True,
+                    "skipped": case.skipped,
                     "injected": case.injected,
                 }
             )
@@ -225,15 +241,16 @@ def _summary(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for test, records in by_test.items():
         optimizers = [r["optimizer"] for r in records if r.get("optimizer")]
         audits = [r["audit"] for r in records if r.get("audit")]
-        with_ledger = [r for r in records if not r.get("no_ledger")]
+        # The row is named and described by a run that had its fault, where one did.
+        telling = sorted(records, key=lambda r: (bool(r.get("no_ledger")), not _injected(r)))[0]
         summary.append(
             {
-                "fault": (with_ledger or records)[0]["fault"],
+                "fault": telling["fault"],
                 "test": test,
                 "runs": len(records),
                 "not_injected": sum(not _injected(r) for r in records),
                 "survived": sum(bool(r["survived"]) for r in records),
-                "outcome": _outcome((with_ledger or records)[0]),
+                "outcome": _outcome(telling),
                 "seconds_to_recover_or_stop": [
                     r.get("seconds_to_recover_or_stop") for r in records
                 ],
@@ -261,6 +278,8 @@ def _audit_sums(audits: list[dict[str, int]]) -> dict[str, int | None]:
 
 def _outcome(fault: dict[str, Any]) -> str:
     if fault.get("no_ledger"):
+        if fault.get("skipped"):
+            return "skipped"
         return "test failed" if _injected(fault) else "test failed before its fault"
     if not fault["completed"]:
         return "did not complete"
@@ -271,7 +290,8 @@ def _outcome(fault: dict[str, Any]) -> str:
 
 def _survived_cell(fault: dict[str, Any]) -> str:
     """Survived of the runs whose fault was injected, and the others apart."""
-    cell = f"{fault['survived']}/{fault['runs'] - fault['not_injected']}"
+    injected = fault["runs"] - fault["not_injected"]
+    cell = f"{fault['survived']}/{injected}" if injected else "–"
     return cell + (f" ({fault['not_injected']} not injected)" if fault["not_injected"] else "")
 
 

@@ -151,13 +151,14 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
     async with httpx.AsyncClient(base_url=root, timeout=60) as http:
         # No queue actor under the sink's name yet (the trainer creates it in `fit`).
         await asyncio.gather(*(_session(root, sid, sessions[sid][0]) for sid in early))
+        fault_injected(record_property)  # these sessions finish with no queue to take them
         for sid in early:
             await _finish(http, sid, sessions[sid][1])
         held = await _sink_stats(trainer)
         assert held["held"] == 2 and held["held_on_disk"] == 1, held
         assert held["sent"] == before["sent"], held
 
-        outage_over = fault_injected(record_property)  # sessions finished in the outage
+        outage_over = time.monotonic()
         fit = asyncio.create_task(trainer.fit())
         deadline = time.monotonic() + 60
         while True:  # fit creates the queue under the sink's name

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -65,7 +68,7 @@ def test_a_test_that_failed_before_its_fault_is_counted_apart(bench, tmp_path):
     node = next(f for f in payload["summary"] if f["test"] == "t::test_node")
     assert (node["runs"], node["not_injected"], node["survived"]) == (2, 2, 0)
     assert node["outcome"] == "test failed before its fault"
-    assert bench._survived_cell(node) == "0/0 (2 not injected)"
+    assert bench._survived_cell(node) == "– (2 not injected)"
     replica = next(f for f in payload["summary"] if f["test"] == "t::test_replica")
     assert replica["outcome"] == "did not complete"
     worker = next(f for f in payload["summary"] if f["test"] == "t::test_worker")
@@ -77,6 +80,73 @@ def test_records_from_before_the_flag_count_as_injected(bench):
     payload = bench._payload({}, _Args(), [[old]], 1.0)
     assert payload["faults_injected"] == 1 and payload["faults_not_injected"] == 0
     assert payload["summary"][0]["outcome"] == "test failed"
+
+
+def test_pytest_s_own_report_keeps_the_flag_of_a_failed_test_and_merges_its_teardown(
+    bench, tmp_path
+):
+    """The report pytest writes: a test that recorded ``fault_injected`` and then failed
+    keeps the property; one whose teardown also errored appears once; a skip is apart."""
+    tests = tmp_path / "test_faults.py"
+    tests.write_text(
+        textwrap.dedent(
+            """
+            import json
+            import pytest
+
+            @pytest.fixture
+            def breaks_on_teardown():
+                yield
+                raise RuntimeError("teardown")
+
+            def test_before(record_property):
+                assert False, "precondition"
+
+            def test_after(record_property, breaks_on_teardown):
+                record_property("fault_injected", "true")
+                assert False, "fault not survived"
+
+            def test_survived(record_property):
+                record_property("fault_injected", "true")
+                ledger = {"fault": "ok", "completed": True, "error": None, "resumed": False}
+                record_property("fault", json.dumps(ledger))
+
+            def test_skipped():
+                pytest.skip("no ray CLI")
+            """
+        )
+    )
+    junit = tmp_path / "report.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)]
+    subprocess.run([*command, f"--junitxml={junit}"], cwd=tmp_path, capture_output=True)
+    assert junit.read_text().count('name="test_after"') == 2  # the call, then the teardown
+    cases = bench._cases(junit)
+    assert len(cases) == 4
+    by_test = {f["test"].split("::")[-1]: f for f in bench._fault_records(cases)}
+    assert set(by_test) == {"test_before", "test_after", "test_survived", "test_skipped"}
+    assert (by_test["test_before"]["injected"], by_test["test_after"]["injected"]) == (
+        False,
+        True,
+    )
+    assert by_test["test_survived"]["survived"] is True
+    assert by_test["test_skipped"]["skipped"] is True
+    payload = bench._payload({}, _Args(), [list(by_test.values())], 1.0)
+    assert (payload["faults_injected"], payload["faults_not_injected"]) == (2, 2)
+    outcomes = {f["test"].split("::")[-1]: f["outcome"] for f in payload["summary"]}
+    assert outcomes["test_skipped"] == "skipped"
+    assert outcomes["test_before"] == "test failed before its fault"
+    assert outcomes["test_after"] == "test failed"
+
+
+def test_a_row_is_described_by_a_run_that_had_its_fault(bench):
+    before = {"fault": "t", "test": "t::t", "survived": False, "no_ledger": True}
+    before |= {"injected": False, "error": "e", "completed": False}
+    after = before | {"injected": True}
+    (row,) = bench._payload({}, _Args(), [[before], [after]], 1.0)["summary"]
+    assert row["outcome"] == "test failed" and row["not_injected"] == 1
+    assert bench._survived_cell(row) == "0/1 (1 not injected)"
+    (none,) = bench._payload({}, _Args(), [[before]], 1.0)["summary"]
+    assert bench._survived_cell(none) == "– (1 not injected)"
 
 
 class _Args:
