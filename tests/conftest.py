@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,6 +22,21 @@ def tiny_checkpoint() -> Path:
     from agentrl.testing import default_tiny_checkpoint
 
     return default_tiny_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def load_bench():
+    """Imports a benchmark script by name (``bench/`` is not a package): its functions
+    are what a unit test checks."""
+
+    def load(name: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture(autouse=True)

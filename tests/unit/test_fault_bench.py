@@ -3,7 +3,6 @@ failed before its fault is counted apart from a fault that was not survived."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,15 +11,10 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_tolerance.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("fault_tolerance_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench):
+    return load_bench("fault_tolerance")
 
 
 def _ledger(fault: str, completed: bool = True) -> str:

@@ -4,7 +4,6 @@ answers of one problem as one cluster, the best cold start, the goal."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
 import statistics
@@ -13,22 +12,20 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "retool_vs_cold_start.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("retool_vs_cold_start", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench):
+    return load_bench("retool_vs_cold_start")
 
 
 @pytest.fixture(scope="module")
 def head() -> str:
     """This repository's HEAD commit, short (a commit a record can be measured at)."""
     return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True, text=True
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
 
 
