@@ -39,7 +39,11 @@ Every measurement checks the work it did: episodes, turns and model tokens, and 
 replicas' request counters (per replica, under ``per_replica``).
 
     .venv/bin/python bench/rollout_transport.py [--episodes 1000] [--repeats 5] [--replicas 2]
-        [--min-seconds 8] [--blocks 4]
+        [--min-seconds 8] [--blocks 4] [--headline-only --out PATH]
+
+``--headline-only`` measures only the sides of the headline ratios (agentrl with 1
+worker, the floor, the bare actor and the batched bare caller), so longer measurements
+(``--min-seconds``) fit in the same time.
 
 Prints a table and writes ``bench/results/rollout_transport.json`` (``--out`` for another
 path):
@@ -116,6 +120,8 @@ WORKLOADS = {
     "tool": (TURNS, SamplingParams(max_tokens=512)),
 }
 BASELINES = ("bare_actor", "bare_handle", "bare_client", "bare_coalesced")
+HEADLINE_BASELINES = ("bare_actor", "bare_coalesced")
+"""With ``--headline-only``: the two baselines the headline ratios are taken against."""
 FLOOR = "inprocess"
 BURST = 64
 LATENCY_TURNS = 80  # the prompt grows by a turn each: 80 fit max_model_len
@@ -443,7 +449,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     )
     # With server.coalesce the same run also measures the agent loops without it.
     variants = {"": base.server.coalesce} | (
-        {"_uncoalesced": False} if base.server.coalesce else {}
+        {"_uncoalesced": False} if base.server.coalesce and not args.headline_only else {}
     )
     floor = (
         ray.remote(InProcessLoops)
@@ -452,7 +458,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     )
     managers = {}
     for suffix, coalesce in variants.items():
-        for workers in (1, 2):
+        for workers in (1,) if args.headline_only else (1, 2):
             cfg = base.model_copy(deep=True)
             cfg.rollout.num_workers = workers
             cfg.server.coalesce = coalesce
@@ -465,7 +471,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "managers": managers,
         "prompt_ids": prompt_ids,
     }
-    sides = [*managers, FLOOR, *BASELINES]
+    sides = [*managers, FLOOR, *(HEADLINE_BASELINES if args.headline_only else BASELINES)]
     # Warm-up: worker start, chat-template caches, handle routers and replica discovery.
     for side in sides:
         for workload in WORKLOADS:
@@ -557,8 +563,9 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         "overrides": args.overrides,
         "tool_call_tokens": run["call_tokens"],
         "coalesce": run["coalesce"],
+        "headline_only": args.headline_only,
         **summary("agentrl_1w"),
-        "workers2": summary("agentrl_2w"),
+        **({"workers2": summary("agentrl_2w")} if "agentrl_2w" in rates else {}),
         **(
             {
                 "uncoalesced": {
@@ -570,7 +577,7 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
             else {}
         ),
         "inprocess": {w: rates[FLOOR][w] for w in WORKLOADS},
-        "baselines": {s: {w: rates[s][w] for w in WORKLOADS} for s in BASELINES},
+        "baselines": {s: {w: rates[s][w] for w in WORKLOADS} for s in BASELINES if s in rates},
         "work": {s: {w: vars(x) for w, x in ws.items()} for s, ws in run["work"].items()},
         "spread": run["spread"],
         "per_replica": run["per_replica"],
@@ -622,10 +629,18 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--model", default="builtin:tiny-qwen2")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON path")
+    parser.add_argument(
+        "--headline-only",
+        action="store_true",
+        help="only agentrl with 1 worker, the in-process floor, the bare actor and the "
+        "batched bare caller: long runs in less time",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
     if args.blocks < 1:
         parser.error("--blocks must be at least 1")
+    if args.headline_only and args.out == RESULTS:
+        parser.error("--headline-only: write to its own --out (the full table stays whole)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     run = asyncio.run(_run(args))
     payload = _payload(args, run)
