@@ -25,13 +25,13 @@ def tiny_checkpoint() -> Path:
 
 
 @pytest.fixture(scope="session")
-def load_bench():
-    """Imports a benchmark script by name (``bench/`` is not a package): its functions
-    are what a unit test checks."""
+def load_script():
+    """Imports a script of this repository by its path from the root (``bench/`` and
+    ``recipes/`` are not packages): its functions are what a unit test checks."""
 
-    def load(name: str) -> ModuleType:
-        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    def load(relative_path: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / relative_path
+        spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

@@ -13,8 +13,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def bench(load_bench):
-    return load_bench("fault_tolerance")
+def bench(load_script):
+    return load_script("bench/fault_tolerance.py")
 
 
 def _ledger(fault: str, completed: bool = True) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -58,11 +57,9 @@ def test_tool_config_loads_the_sandboxed_code_interpreter():
     assert list(tools) == ["code_interpreter"]
 
 
-def _warm_start_module():
-    spec = importlib.util.spec_from_file_location("retool_warm_start", RECIPE / "warm_start.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def warm_start(load_script):
+    return load_script("recipes/retool/warm_start.py")
 
 
 ROW = {
@@ -72,8 +69,7 @@ ROW = {
 }
 
 
-def test_warm_start_demonstration_trains_only_the_assistant_turns(tiny_checkpoint):
-    warm_start = _warm_start_module()
+def test_warm_start_demonstration_trains_only_the_assistant_turns(tiny_checkpoint, warm_start):
     cfg = load_config(
         RECIPE / "cpu.yaml", [f"model.path={tiny_checkpoint}", "rollout.num_workers=1"]
     )
@@ -97,8 +93,7 @@ def test_warm_start_demonstration_trains_only_the_assistant_turns(tiny_checkpoin
     )
 
 
-def test_direct_warm_start_demonstration_answers_without_the_tool(tiny_checkpoint):
-    warm_start = _warm_start_module()
+def test_direct_warm_start_demonstration_answers_without_the_tool(tiny_checkpoint, warm_start):
     cfg = load_config(
         RECIPE / "cpu.yaml", [f"model.path={tiny_checkpoint}", "rollout.num_workers=1"]
     )
@@ -111,8 +106,8 @@ def test_direct_warm_start_demonstration_answers_without_the_tool(tiny_checkpoin
     assert mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
 
 
-def test_demonstrations_are_the_first_calculate_rows_the_first_share_direct():
-    select = _warm_start_module().select_demonstrations
+def test_demonstrations_are_the_first_calculate_rows_the_first_share_direct(warm_start):
+    select = warm_start.select_demonstrations
     rows = [{**ROW, "extra_info": {"question": f"Calculate {100 + i} * 200."}} for i in range(20)]
     rows.insert(1, {**ROW, "extra_info": {"question": "What is love?"}})
     chosen = select(rows, 8, 0.25)

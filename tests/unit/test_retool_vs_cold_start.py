@@ -14,8 +14,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def bench(load_bench):
-    return load_bench("retool_vs_cold_start")
+def bench(load_script):
+    return load_script("bench/retool_vs_cold_start.py")
 
 
 @pytest.fixture(scope="module")
