@@ -26,7 +26,7 @@ from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.episode_batches import EpisodeBatches
 from agentrl.rollout.worker import AgentLoopWorker, AgentLoopWorkerConfig
-from agentrl.rollout.worker_nodes import worker_scheduling
+from agentrl.rollout.worker_nodes import worker_placement
 from agentrl.rollout.worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -64,11 +64,11 @@ class AgentLoopManager:
                 max_concurrency=rollout.max_concurrent_loops + 16,
                 runtime_env={"env_vars": _WORKER_ENV},
                 max_restarts=_WORKER_RESTARTS,
-                # One per node in turn: a lost node takes only its share of the episodes
-                # in flight, and Ray restarts those workers on the nodes left.
-                scheduling_strategy=strategy,
+                # Dealt over the nodes (worker_nodes): a lost node takes only its share
+                # of the episodes in flight, and Ray restarts those workers on the nodes left.
+                **placement,
             ).remote(worker_config)
-            for strategy in worker_scheduling(rollout.num_workers, rollout.worker_num_cpus)
+            for placement in worker_placement(rollout.num_workers, rollout.worker_num_cpus)
         ]
         self._pool = WorkerPool(workers, rollout.worker_restart_timeout_s)
         self._batches = EpisodeBatches()

@@ -1,10 +1,15 @@
 """Agent-loop workers are dealt one per node, the driver's node first."""
 
 import pytest
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agentrl.rollout import worker_nodes
-from agentrl.rollout.worker_nodes import deal, node_order, worker_scheduling
+from agentrl.rollout.worker_nodes import (
+    NODE_ID_LABEL,
+    deal,
+    node_order,
+    on_node_while_alive,
+    worker_placement,
+)
 
 
 def _node(node_id: str, cpus: float = 2.0, alive: bool = True) -> dict:
@@ -41,10 +46,10 @@ def test_no_alive_node_is_an_error_not_an_empty_worker_list() -> None:
         deal([], 2)
 
 
-def test_cpu_free_workers_are_pinned_softly_so_a_lost_node_s_worker_restarts_elsewhere(
+def test_cpu_free_workers_ask_for_their_dealt_node_by_label(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    head, worker = "b" * 56, "a" * 56  # Ray checks node ids are hex of the right length
+    head, worker = "b" * 56, "a" * 56
     monkeypatch.setattr(worker_nodes.ray, "nodes", lambda: [_node(worker), _node(head)])
 
     class _Context:
@@ -52,11 +57,30 @@ def test_cpu_free_workers_are_pinned_softly_so_a_lost_node_s_worker_restarts_els
             return head
 
     monkeypatch.setattr(worker_nodes.ray, "get_runtime_context", _Context)
-    strategies = worker_scheduling(3, num_cpus=0.0)
-    assert all(isinstance(s, NodeAffinitySchedulingStrategy) and s.soft for s in strategies)
-    assert [s.node_id for s in strategies] == [head, worker, head]
+    placements = worker_placement(3, num_cpus=0.0)
+    assert [p["label_selector"] for p in placements] == [
+        {NODE_ID_LABEL: head},
+        {NODE_ID_LABEL: worker},
+        {NODE_ID_LABEL: head},
+    ]
+
+
+def test_a_lost_node_s_worker_falls_back_to_any_other_node() -> None:
+    placement = on_node_while_alive("c" * 56)
+    assert placement["fallback_strategy"] == [{"label_selector": {NODE_ID_LABEL: "!" + "c" * 56}}]
+
+
+def test_the_placement_passes_ray_s_own_option_checks() -> None:
+    # Ray validates label keys, selector values and fallback entries when options are set.
+    import ray
+
+    @ray.remote
+    class _Actor:
+        pass
+
+    _Actor.options(num_cpus=0, **on_node_while_alive("d" * 56))
 
 
 def test_workers_that_ask_for_cpus_keep_ray_s_spread() -> None:
     # Pinned to a node whose CPUs are taken, a worker would wait for them indefinitely.
-    assert worker_scheduling(2, num_cpus=1.0) == ["SPREAD", "SPREAD"]
+    assert worker_placement(2, num_cpus=1.0) == [{"scheduling_strategy": "SPREAD"}] * 2
