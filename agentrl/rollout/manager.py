@@ -163,6 +163,7 @@ class AgentLoopManager:
 
     def shutdown(self) -> None:
         """Kill the worker actors."""
+        self._pool.close()
         for worker in self.workers:
             ray.kill(worker)
         self.workers.clear()

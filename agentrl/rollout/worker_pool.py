@@ -69,6 +69,12 @@ class WorkerPool:
             logger.warning("agent-loop worker %d died; waiting for Ray to restart it", index)
             self._restarting[index] = asyncio.create_task(self._until_back(index))
 
+    def close(self) -> None:
+        """Stop waiting for restarting workers (their actors are about to be killed: a
+        wait left running would report them lost, for good, in a later run's log)."""
+        for task in self._restarting.values():
+            task.cancel()
+
     @property
     def lost(self) -> dict[int, str]:
         """The workers given up on, by index: what became of each."""
