@@ -426,10 +426,14 @@ class Trainer:
         self.step += 1
         metrics["trainer/version"] = float(self.version)
         await self._maybe_validate()
+        # The line before the checkpoint: a driver killed between the two then trains and
+        # logs this step again on resume (the later line wins), instead of resuming past
+        # a step that metrics.jsonl never recorded.
+        logged = self.tracker.log(self.step, metrics)
         every = self.cfg.trainer.save_every
         if every and self.step % every == 0:
             self.save_checkpoint()
-        return self.tracker.log(self.step, metrics)
+        return logged
 
     # -- validation --------------------------------------------------------------------
 

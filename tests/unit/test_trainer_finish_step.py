@@ -1,0 +1,63 @@
+"""The end of a training step: its metrics line is written before its checkpoint.
+
+Found by the driver-kill fault (docs/benchmarks.md#fault-injection): a driver killed
+after the checkpoint but before the line resumed past a step that ``metrics.jsonl`` never
+recorded. Written first, a kill in between costs a step trained and logged again on
+resume, whose later line wins, and never a missing one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agentrl.config import load_config
+from agentrl.trainer.trainer import Trainer
+
+
+class _Recorder:
+    """Stands in for the metrics logger and the checkpoint: records the order of calls."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        self.events.append(("metrics", step))
+        return metrics
+
+
+def _trainer(tmp_path: Path, save_every: int) -> tuple[Trainer, _Recorder]:
+    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"trainer.save_every={save_every}"])
+    trainer = Trainer(cfg)
+    recorder = _Recorder()
+    trainer.tracker = recorder
+
+    async def no_validation() -> None:
+        return None
+
+    def save_checkpoint() -> Path:
+        recorder.events.append(("checkpoint", trainer.step))
+        return tmp_path
+
+    trainer._maybe_validate = no_validation
+    trainer.save_checkpoint = save_checkpoint
+    return trainer, recorder
+
+
+def test_a_step_is_logged_before_its_checkpoint(tmp_path: Path) -> None:
+    trainer, recorder = _trainer(tmp_path, save_every=1)
+    for _ in range(2):
+        asyncio.run(trainer._finish_step({"actor/loss": 0.5}))
+    assert recorder.events == [
+        ("metrics", 1),
+        ("checkpoint", 1),
+        ("metrics", 2),
+        ("checkpoint", 2),
+    ]
+
+
+def test_steps_between_checkpoints_are_logged_without_one(tmp_path: Path) -> None:
+    trainer, recorder = _trainer(tmp_path, save_every=2)
+    logged = [asyncio.run(trainer._finish_step({"actor/loss": 0.5})) for _ in range(2)]
+    assert recorder.events == [("metrics", 1), ("metrics", 2), ("checkpoint", 2)]
+    assert all(metrics["trainer/version"] == trainer.version for metrics in logged)
