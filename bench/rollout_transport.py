@@ -35,6 +35,10 @@ a drift of this VM moves both sides of a ratio alike (a side whose one round out
 block, as the slow baselines' do on the tool loop, takes fewer, longer blocks). A ratio
 is taken per repeat and reported as the median over ``--repeats``; ``ratio_spread`` and
 ``spread`` (of each side's turns/s) are (largest − smallest) ÷ median over the repeats.
+The paired headline, ``ratio_paired_*_batched``, takes per repeat the median over blocks
+of agentrl's rate in a block ÷ the batched caller's in the same block, so a stall that
+hits one side's block moves one ratio of several rather than the repeat's totals; its
+spread over the repeats is ``ratio_paired_spread``.
 Every measurement checks the work it did: episodes, turns and model tokens, and the
 replicas' request counters (per replica, under ``per_replica``).
 
@@ -52,11 +56,13 @@ path):
   bare caller with the same coalescing rule: ``ratio_single_batched`` and
   ``ratio_tool_batched``; the same against one bare actor call per turn:
   ``ratio_single`` and ``ratio_tool``; the floor's share, ``ratio_*_inprocess``; each
-  ratio's ``ratio_spread``;
+  ratio's ``ratio_spread``; the paired headline ``ratio_paired_single_batched`` and
+  ``ratio_paired_tool_batched`` with ``ratio_paired_spread``;
 - ``turns_per_s_single`` and ``turns_per_s_tool``; the same for 2 workers under
   ``workers2``; without coalescing under ``uncoalesced`` (when run with
   ``server.coalesce=true``); each baseline's turns/s under ``baselines``;
 - ``work`` (episodes, turns, tokens and coalesced requests per side), ``spread``,
+  ``turns_per_s_per_repeat``, ``turns_per_s_per_block`` (per repeat, block → turns/s),
   ``per_replica``; ``new_session_spread``: where a fresh coalescing client sent a burst
   of 64 new sessions after one warm-up request;
 - ``latency_ms`` (one session's turns one after another: what a lone request pays, with
@@ -109,6 +115,7 @@ from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams, TokenOutput  # noqa: E402
 from agentrl.rollout.worker import AgentLoopWorker  # noqa: E402
 from agentrl.testing.benchmarks import provenance  # noqa: E402
+from agentrl.testing.spread import paired_median_ratio  # noqa: E402
 
 TURNS = 4
 SINGLE_TOKENS = 8
@@ -388,25 +395,26 @@ async def _measure_interleaved(
     min_seconds: float,
     blocks: int,
     side_done: Callable[[], None],
-) -> dict[str, tuple[float, Work, dict[str, int]]]:
+) -> dict[str, tuple[float, Work, dict[str, int], dict[int, float]]]:
     """Every side measured for ``min_seconds`` in blocks of ``min_seconds / blocks``, the
     sides taking turns block by block (the order reversed every other round) until each
     has its ``min_seconds`` (a side whose one round outlasts a block has fewer blocks);
-    ``side_done`` is called as each side finishes. Per side: its seconds, work and turns
-    served per replica."""
-    totals = {side: (0.0, Work(0, 0, 0, 0), {}) for side in sides}
+    ``side_done`` is called as each side finishes. Per side: its seconds, work, turns
+    served per replica, and turns/s in each block it ran in."""
+    totals = {side: (0.0, Work(0, 0, 0, 0), {}, {}) for side in sides}
 
     block = 0
-    while any(_pending(elapsed, min_seconds) for elapsed, _, _ in totals.values()):
+    while any(_pending(elapsed, min_seconds) for elapsed, *_ in totals.values()):
         for side in sides if block % 2 == 0 else sides[::-1]:
-            elapsed, total, per_replica = totals[side]
+            elapsed, total, per_replica, block_rates = totals[side]
             if not _pending(elapsed, min_seconds):
                 continue
             seconds, work, served = await _measure(side, workload, ctx, min_seconds / blocks)
             total.add(work)
+            block_rates[block] = work.turns / seconds
             for replica, turns in served.items():
                 per_replica[replica] = per_replica.get(replica, 0) + turns
-            totals[side] = (elapsed + seconds, total, per_replica)
+            totals[side] = (elapsed + seconds, total, per_replica, block_rates)
             if not _pending(elapsed + seconds, min_seconds):
                 side_done()
         block += 1
@@ -478,6 +486,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             await _measure(side, workload, ctx | {"episodes": 64})
     spread = await caller.new_session_spread.remote(prompt_ids, WORKLOADS["single"][1])
     rates: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in sides}
+    # Per side and workload, one {block: turns/s} per repeat.
+    block_rates: dict[str, dict[str, list[dict[int, float]]]] = {
+        s: {w: [] for w in WORKLOADS} for s in sides
+    }
     work: dict[str, dict[str, Work]] = {s: {} for s in sides}
     per_replica: dict[str, dict[str, dict[str, int]]] = {s: {} for s in sides}
     total = args.repeats * len(WORKLOADS) * len(sides)
@@ -496,8 +508,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     args.blocks,
                     lambda: progress.advance(task),
                 )
-                for side, (elapsed, done, served) in measured.items():
+                for side, (elapsed, done, served, blocks) in measured.items():
                     rates[side][workload].append(done.turns / elapsed)
+                    block_rates[side][workload].append(blocks)
                     work[side][workload] = done
                     per_replica[side][workload] = served
                     logger.info("%s %s: %.0f turns/s", side, workload, done.turns / elapsed)
@@ -513,6 +526,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     ray.shutdown()
     return {
         "repeat_rates": rates,
+        "block_rates": block_rates,
         "rates": {s: {w: statistics.median(rates[s][w]) for w in WORKLOADS} for s in sides},
         "spread": {s: {w: _spread(r) for w, r in rates[s].items()} for s in sides},
         "work": work,
@@ -535,6 +549,12 @@ def _ratios(run: dict[str, Any], side: str, baseline: str, workload: str) -> lis
     return [a / b for a, b in zip(mine, theirs, strict=True)]
 
 
+def _paired_ratios(run: dict[str, Any], side: str, baseline: str, workload: str) -> list[float]:
+    """Per repeat, the median over the blocks both ran in of ``side`` ÷ ``baseline``."""
+    mine, theirs = run["block_rates"][side][workload], run["block_rates"][baseline][workload]
+    return [paired_median_ratio(a, b) for a, b in zip(mine, theirs, strict=True)]
+
+
 def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
     rates = run["rates"]
     baselines = {"_batched": "bare_coalesced", "": "bare_actor", "_inprocess": FLOOR}
@@ -545,11 +565,19 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
             for suffix, baseline in baselines.items()
             for workload in WORKLOADS
         }
+        paired = {
+            f"ratio_paired_{workload}_batched": _paired_ratios(
+                run, side, "bare_coalesced", workload
+            )
+            for workload in WORKLOADS
+        }
         return {
             "turns_per_s_single": rates[side]["single"],
             "turns_per_s_tool": rates[side]["tool"],
             **{name: statistics.median(values) for name, values in ratios.items()},
             "ratio_spread": {name: _spread(values) for name, values in ratios.items()},
+            **{name: statistics.median(values) for name, values in paired.items()},
+            "ratio_paired_spread": {name: _spread(values) for name, values in paired.items()},
         }
 
     return {
@@ -584,6 +612,7 @@ def _payload(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         "new_session_spread": run["new_session_spread"],
         "latency_ms": run["latency_ms"],
         "turns_per_s_per_repeat": run["repeat_rates"],
+        "turns_per_s_per_block": run["block_rates"],
     }
 
 
@@ -608,6 +637,8 @@ def _print(payload: dict[str, Any], run: dict[str, Any]) -> None:
         table.add_row(side, *cells)
     console = Console(width=150)  # the table's 7 columns
     console.print(table)
+    for name, spread in payload["ratio_paired_spread"].items():
+        console.print(f"agentrl_1w {name}: {payload[name]:.2f} (spread {spread:.0%})")
     console.print(
         f"a burst of {BURST} new sessions, sessions per replica: {payload['new_session_spread']}"
     )

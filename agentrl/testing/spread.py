@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def mean_sd_se(values: Sequence[float]) -> dict[str, float]:
@@ -19,3 +19,18 @@ def mean_sd_se(values: Sequence[float]) -> dict[str, float]:
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": mean, "sd": sd, "se": sd / math.sqrt(len(values))}
+
+
+def paired_median_ratio(mine: Mapping[int, float], theirs: Mapping[int, float]) -> float:
+    """The median, over the blocks both sides were measured in, of ``mine[block] ÷
+    theirs[block]``.
+
+    Two sides that take turns block by block share each block's stretch of machine time;
+    a stall that hits one side's block moves one ratio of several, which the median sets
+    aside, where a ratio of totals carries it. Raises ``ValueError`` when the two share
+    no block.
+    """
+    shared = sorted(mine.keys() & theirs.keys())
+    if not shared:
+        raise ValueError("paired_median_ratio: the two sides share no block")
+    return statistics.median(mine[block] / theirs[block] for block in shared)
