@@ -30,7 +30,7 @@ def paired_median_ratio(mine: Mapping[int, float], theirs: Mapping[int, float]) 
     aside, where a ratio of totals carries it. Raises ``ValueError`` when the two share
     no block.
     """
-    shared = sorted(mine.keys() & theirs.keys())
+    shared = mine.keys() & theirs.keys()
     if not shared:
         raise ValueError("paired_median_ratio: the two sides share no block")
     return statistics.median(mine[block] / theirs[block] for block in shared)
