@@ -112,6 +112,9 @@ def test_the_goal_needs_three_seeds_each_gaining_enough(bench, tmp_path, monkeyp
     payload["seeds"][2] = bench.seed_row(2, rl(0.35), baseline, 15.0)
     bench.write(payload)
     assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is False
+    payload["seeds"][2] = bench.seed_row(2, rl(0.50), baseline, 26.0)  # 51 minutes a seed
+    bench.write(payload)
+    assert json.loads((tmp_path / "result.json").read_text())["goal_met"] is False
 
 
 def test_a_seed_without_its_greedy_passes_reports_sampled_only_and_misses_the_goal(
