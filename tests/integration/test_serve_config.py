@@ -64,8 +64,7 @@ def local_ray(monkeypatch):
     ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="agentrl")
     yield
-    serve.shutdown()
-    ray.shutdown()
+    ray.shutdown()  # stops the applications with it, without Serve's graceful wait
 
 
 def _wait_running(names: set[str], timeout_s: float = 240.0) -> None:
