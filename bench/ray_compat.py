@@ -1,4 +1,4 @@
-"""Ray versions: the serving and transport tests on the lowest and highest Ray of a range.
+"""Ray versions: the serving, training and transport tests on each Ray of a range.
 
 For each ``--versions`` entry that is not the Ray of ``.venv``, the Ray wheel of that
 version is installed alone (``pip install --no-deps --target``) into
@@ -8,15 +8,20 @@ Ray's workers inherit the driver's environment, so they import the same Ray. Wit
 Ray, in fresh processes:
 
 - which path each Serve/Ray hook takes (``server.ray_compat.hook_paths``: ``private``
-  where the internals agentrl uses exist, ``public`` where it falls back);
+  where the internals agentrl uses exist, ``public`` where it falls back), and whether
+  Serve's routing tasks needed agentrl's repair
+  (``server.ray_compat.keep_routing_tasks_on_their_request``);
 - ``tests/integration/test_null_engine_serving.py`` (90 s per test, stopped at the second
   failure, killed after 5 minutes): serving, pause/update/resume,
   the Serve path a config asks for (private and public), coalescing, a bad request in a
   coalesced call, a replica killed under a coalesced call, sessions that move once when
   their replica dies;
+- two training runs (``TRAINING_TESTS``: a synchronous GRPO run and a one-step-off-policy
+  run, each on a vLLM-CPU replica and FSDP2 ranks; killed after 10 minutes), where the
+  serving tests passed;
 - ``bench/rollout_transport.py`` (null engine, ``--episodes`` episodes, 1 repeat): the
   tool workload's turns/s through agentrl ÷ bare Ray actor calls, measured with that Ray
-  (only where the serving tests passed).
+  (only where the tests passed).
 
 A version that fails records the error most of its tests ended with. Every other package
 is ``.venv``'s, so a Ray that needs an older dependency than the rest of the stack allows
@@ -26,10 +31,11 @@ is ``.venv``'s, so a Ray that needs an older dependency than the rest of the sta
 
 Prints a table and writes ``bench/results/ray_compat.json``: ``versions_tested`` (every
 version run), ``versions_failed`` (those with a failed test or bench, or no install) and
-``rows`` (per version: ``version``, ``paths``, ``tests_passed``, ``tests_failed``,
-``ratio_tool``, ``ratio_single``, ``error``, ``date``), with the ``commit``. ``--merge``
-adds the versions run to those of an earlier run whose measured files were the same.
-``pyproject.toml``'s Ray range is the span of versions this bench passed.
+``rows`` (per version: ``version``, ``paths``, ``routing_repair``, ``tests_passed``,
+``tests_failed``, ``training_passed``, ``training_failed``, ``ratio_tool``,
+``ratio_single``, ``error``, ``date``), with the ``commit``. ``--merge`` adds the versions
+run to those of an earlier run whose measured files were the same. ``pyproject.toml``'s
+Ray range is the span of versions this bench passed.
 """
 
 from __future__ import annotations
@@ -65,10 +71,23 @@ MEASURED = [
     "agentrl/rollout",
     "tests/integration/test_null_engine_serving.py",
     "bench/rollout_transport.py",
+    # the training runs
+    "agentrl/trainer",
+    "agentrl/algos",
+    "server/weight_transport",
+    "tests/integration/test_training.py",
+    "tests/integration/test_async_training.py",
 ]
-SERVING_TESTS = "tests/integration/test_null_engine_serving.py"
+SERVING_TESTS = ["tests/integration/test_null_engine_serving.py"]
+TRAINING_TESTS = [
+    "tests/integration/test_training.py::test_grpo_run_raises_the_toy_reward",
+    "tests/integration/test_async_training.py::"
+    "test_one_step_off_policy_run_learns_and_loses_no_episode",
+]
 TEST_TIMEOUT_S = 90  # each takes < 30 s on Ray 2.60; a Ray whose routing hangs fails fast
 SUITE_TIMEOUT_S = 300  # the module takes about 100 s on Ray 2.60
+TRAINING_TEST_TIMEOUT_S = 400
+TRAINING_TIMEOUT_S = 600  # the two runs take about 3 minutes on Ray 2.60
 console = Console()
 
 
@@ -96,11 +115,15 @@ def ray_env(version: str) -> dict[str, str]:
     return env
 
 
-def hook_paths(env: dict[str, str]) -> dict[str, str]:
-    """Which path each hook takes under ``env``'s Ray (checked in a fresh process)."""
+def hook_paths(env: dict[str, str]) -> dict[str, Any]:
+    """Under ``env``'s Ray (checked in a fresh process): its version (``ray``), which path
+    each hook takes (``paths``) and whether Serve's routing tasks needed the repair
+    (``routing_repair``)."""
     script = (
-        "import json, ray; from server.ray_compat import hook_paths; "
-        "print(json.dumps({'ray': ray.__version__, 'paths': hook_paths()}))"
+        "import json, ray; "
+        "from server.ray_compat import hook_paths, keep_routing_tasks_on_their_request; "
+        "print(json.dumps({'ray': ray.__version__, 'paths': hook_paths(), "
+        "'routing_repair': keep_routing_tasks_on_their_request()}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, check=True, capture_output=True,
@@ -110,22 +133,24 @@ def hook_paths(env: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def serving_tests(env: dict[str, str], log: Path) -> tuple[int, int, bool]:
-    """Runs the null-engine serving tests; returns (passed, failed-or-errored, hung). A
-    run still going after ``SUITE_TIMEOUT_S`` is killed with its processes (a hang that
-    catches pytest-timeout's exception in a Ray task would otherwise never end)."""
+def run_tests(
+    env: dict[str, str], tests: list[str], log: Path, per_test_s: int, total_s: int
+) -> tuple[int, int, bool]:
+    """Runs ``tests``; returns (passed, failed-or-errored, hung). A run still going after
+    ``total_s`` is killed with its processes (a hang that catches pytest-timeout's
+    exception in a Ray task would otherwise never end)."""
     with log.open("w") as sink:
-        tests = subprocess.Popen(
+        pytest = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"--timeout={TEST_TIMEOUT_S}", "--maxfail=2", SERVING_TESTS],
+             f"--timeout={per_test_s}", "--maxfail=2", *tests],
             cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
-            tests.wait(timeout=SUITE_TIMEOUT_S)
+            pytest.wait(timeout=total_s)
             hung = False
         except subprocess.TimeoutExpired:
-            os.killpg(tests.pid, signal.SIGKILL)
-            tests.wait()
+            os.killpg(pytest.pid, signal.SIGKILL)
+            pytest.wait()
             hung = True
     lines = log.read_text(errors="replace").splitlines()
     if hung:  # only pytest's progress dots say what passed
@@ -162,8 +187,9 @@ def transport(env: dict[str, str], episodes: int, log: Path) -> dict[str, Any] |
 
 def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
     """One version's row."""
-    row: dict[str, Any] = {"version": version, "paths": None, "tests_passed": 0,
-                           "tests_failed": 0, "ratio_tool": None, "ratio_single": None,
+    row: dict[str, Any] = {"version": version, "paths": None, "routing_repair": None,
+                           "tests_passed": 0, "tests_failed": 0, "training_passed": 0,
+                           "training_failed": 0, "ratio_tool": None, "ratio_single": None,
                            "error": None}  # fmt: skip
     try:
         env = ray_env(version)
@@ -174,17 +200,22 @@ def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
     if found["ray"] != version:
         row["error"] = f"imported Ray {found['ray']}, not {version}"
         return row
-    row["paths"] = found["paths"]
+    row["paths"], row["routing_repair"] = found["paths"], found["routing_repair"]
     console.print(f"Ray {version}: hooks {found['paths']}; running the serving tests")
-    tests_log = logs / f"tests-{version}.log"
-    row["tests_passed"], row["tests_failed"], hung = serving_tests(env, tests_log)
-    console.print(f"Ray {version}: {row['tests_passed']} passed, {row['tests_failed']} failed")
-    if hung:
-        row["error"] = f"serving tests: a test hung; killed after {SUITE_TIMEOUT_S} s"
-    elif row["tests_failed"] or not row["tests_passed"]:
-        row["error"] = f"serving tests: {failure_cause(tests_log)}"
-    if row["error"]:
-        return row  # the transport bench runs on the same serving path
+    for kind, tests, per_test_s, total_s in (
+        ("tests", SERVING_TESTS, TEST_TIMEOUT_S, SUITE_TIMEOUT_S),
+        ("training", TRAINING_TESTS, TRAINING_TEST_TIMEOUT_S, TRAINING_TIMEOUT_S),
+    ):
+        log = logs / f"{kind}-{version}.log"
+        passed, failures, hung = run_tests(env, tests, log, per_test_s, total_s)
+        row[f"{kind}_passed"], row[f"{kind}_failed"] = passed, failures
+        console.print(f"Ray {version}: {kind}: {passed} passed, {failures} failed")
+        if hung:
+            row["error"] = f"{kind}: a test hung; killed after {total_s} s"
+        elif failures or not passed:
+            row["error"] = f"{kind}: {failure_cause(log)}"
+        if row["error"]:
+            return row  # the next step runs on the same path
     bench = transport(env, episodes, logs / f"transport-{version}.log")
     if bench is None:
         row["error"] = f"the transport bench failed (log: transport-{version}.log)"
@@ -195,13 +226,21 @@ def run_version(version: str, episodes: int, logs: Path) -> dict[str, Any]:
 
 def failed(row: dict[str, Any]) -> bool:
     """Whether a version did not pass everything."""
-    return bool(row["error"] or row["tests_failed"] or not row["tests_passed"])
+    return bool(
+        row["error"]
+        or row["tests_failed"]
+        or not row["tests_passed"]
+        or row.get("training_failed")
+        or not row.get("training_passed", 1)
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--versions", nargs="+", default=["2.55.1", "2.56.1", "2.57.1", installed_ray()]
+        "--versions",
+        nargs="+",
+        default=["2.55.1", "2.56.1", "2.57.1", "2.58.1", "2.59.0", installed_ray()],
     )
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -215,14 +254,17 @@ def main() -> None:
     rows = [run_version(version, args.episodes, logs) for version in args.versions]
 
     table = Table(title="Ray versions: serving tests and transport")
-    for column in ["Ray", "hooks on the public path", "tests passed", "failed",
-                   "tool ratio", "single ratio", "error"]:  # fmt: skip
+    for column in ["Ray", "hooks on the public path", "routing repair", "serving passed",
+                   "failed", "training passed", "failed", "tool ratio", "single ratio",
+                   "error"]:  # fmt: skip
         table.add_column(column)
     for row in rows:
         public = [name for name, path in (row["paths"] or {}).items() if path == "public"]
         table.add_row(
-            row["version"], ", ".join(public) or "none", str(row["tests_passed"]),
-            str(row["tests_failed"]),
+            row["version"], ", ".join(public) or "none",
+            {True: "yes", False: "no", None: "-"}[row["routing_repair"]],
+            str(row["tests_passed"]), str(row["tests_failed"]),
+            str(row["training_passed"]), str(row["training_failed"]),
             f"{row['ratio_tool']:.2f}" if row["ratio_tool"] is not None else "-",
             f"{row['ratio_single']:.2f}" if row["ratio_single"] is not None else "-",
             (row["error"] or "")[:80],

@@ -15,6 +15,10 @@ version strings, so a Ray release that keeps the internals keeps the fast path:
   ranks are packed into one placement group per node by each node's free resources
   (``agentrl/placement.py``).
 
+One repair goes the other way, into a Ray that needs it: on Ray 2.56 to 2.59 a Serve
+routing task can let go of the request it took, and that request then waits forever
+(``keep_routing_tasks_on_their_request``).
+
 Where a hook is missing, or ``AGENTRL_SERVE_PUBLIC_PATH=1`` (any process) or
 ``server.serve_public_path`` (the clients and routers of that config) forces it, the
 public API is used instead: the same results, a little slower. ``HOOKS`` names what each
@@ -23,6 +27,7 @@ fallback costs. The first process-wide choice of a public path logs one warning.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -142,6 +147,7 @@ def check_ray_hooks(forced: Collection[str] = ()) -> dict[str, HookPath]:
     """Each hook's path in this process (``forced`` as in ``hook_paths``); the first time
     any hook takes the public path, one warning says which, why and what it costs. Runs
     at start-up, when a ``DataClient`` or an affinity router is made."""
+    keep_routing_tasks_on_their_request()
     paths = hook_paths(forced)
     public = [name for name, path in paths.items() if path == "public"]
     if public:
@@ -186,3 +192,69 @@ def free_resources_per_node() -> list[dict[str, float]] | None:
     from ray._private.state import available_resources_per_node
 
     return [dict(free) for free in available_resources_per_node().values()]
+
+
+@functools.cache
+def keep_routing_tasks_on_their_request() -> bool:
+    """Makes each Ray Serve routing task of this process route the request it took until
+    that request has a replica; True where this Ray needed it (checked once per process).
+
+    Ray 2.56 to 2.59: a routing task takes a request off the queue, and when it sees more
+    routing tasks than pending requests it stops, holding that request; no other task
+    takes it up again, so its caller waits forever while the remaining tasks route nothing
+    in a tight loop (seen as a hang in ``test_null_engine_serving``'s coalescing test).
+    Ray 2.60 routes each request until it is assigned (its ``RequestRouter`` has
+    ``_cancel_routing_task_for_pending_request``); there this does nothing. Elsewhere it
+    replaces ``RequestRouter._fulfill_pending_requests`` with ``_route_until_assigned``,
+    which keeps to the same Serve internals that method used.
+    """
+    try:
+        from ray.serve.request_router import RequestRouter
+    except ImportError:
+        return False
+    if hasattr(RequestRouter, "_cancel_routing_task_for_pending_request"):
+        return False
+    needed = ("_fulfill_pending_requests", "_get_next_pending_request_to_route",
+              "_choose_replicas_with_backoff", "_select_from_candidate_replicas",
+              "_fulfill_next_pending_request", "_maybe_start_routing_tasks")  # fmt: skip
+    if not all(callable(getattr(RequestRouter, name, None)) for name in needed):
+        return False
+    RequestRouter._fulfill_pending_requests = _route_until_assigned
+    logger.info("Ray %s: Serve's routing tasks now keep their request", ray.__version__)
+    return True
+
+
+async def _route_until_assigned(self) -> None:
+    """One routing task of a Serve ``RequestRouter`` (``self``): takes pending requests
+    one at a time and asks the router for a replica for each until it has one (or its
+    caller gave up), then takes the next; ends when no request is left to take or the
+    router has more tasks than requests."""
+    task = asyncio.current_task()
+    try:
+        while len(self._routing_tasks) <= self.target_num_routing_tasks:
+            request = self._get_next_pending_request_to_route()
+            if request is None:
+                break
+            choices = self._choose_replicas_with_backoff(request)
+            try:
+                attempt = 0
+                async for candidates in choices:
+                    if request.future.done():
+                        break
+                    replica = await self._select_from_candidate_replicas(candidates, attempt)
+                    if replica is not None:
+                        self._fulfill_next_pending_request(replica, request.metadata)
+                        break
+                    attempt += 1
+            finally:
+                await choices.aclose()
+    except Exception:
+        logger.exception("a Serve routing task failed")
+    finally:
+        fulfill = self._pending_requests_to_fulfill
+        while fulfill and fulfill[0].future.done():
+            fulfill.popleft()
+        self._routing_tasks.discard(task)
+        self.num_routing_tasks_gauge.set(self.curr_num_routing_tasks)
+        if self._pending_requests_to_route:
+            self._maybe_start_routing_tasks()
