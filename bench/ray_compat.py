@@ -166,7 +166,7 @@ def failure_cause(log: Path) -> str | None:
     causes = Counter(
         line.removeprefix("E").strip()
         for line in log.read_text(errors="replace").splitlines()
-        if re.match(r"E\s+(\w+(\.\w+)*(Error|Exception)|Failed): ", line)
+        if re.match(r"E\s+((\w+\.)*\w*(Error|Exception)|Failed): ", line)
     )
     return causes.most_common(1)[0][0][:300] if causes else None
 
