@@ -16,16 +16,6 @@ use_local_defaults(Path(__file__).resolve().parents[1] / ".cache")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Before ``pytest -n N`` starts its workers, build the shared tiny checkpoint once:
-    workers that each found it missing would write the same files at the same time."""
-    distributed = getattr(config.option, "numprocesses", None)
-    if distributed and not hasattr(config, "workerinput"):
-        from agentrl.testing import default_tiny_checkpoint
-
-        default_tiny_checkpoint()
-
-
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Path:
     """A tiny random Qwen2 checkpoint + tokenizer, built once and cached on disk."""

@@ -47,6 +47,14 @@ class KLController(Protocol):
 
     def update(self, current_kl: float, n_steps: int) -> None: ...
 
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps of the controller (empty when the config says it all)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore what ``state_dict`` returned."""
+        ...
+
 
 class FixedKLController:
     """Constant β."""
@@ -56,6 +64,13 @@ class FixedKLController:
 
     def update(self, current_kl: float, n_steps: int) -> None:
         """No-op: β stays fixed."""
+
+    def state_dict(self) -> dict[str, float]:
+        """Nothing: β is the config's ``kl_coef`` (a resumed run may set a new one)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Nothing to restore."""
 
 
 class AdaptiveKLController:
@@ -73,6 +88,14 @@ class AdaptiveKLController:
         """Move β towards the value that keeps the KL at the target."""
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        """β as adapted so far."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue from a saved β (a state without one leaves β as it is)."""
+        self.value = float(state.get("value", self.value))
 
 
 def apply_kl_penalty(

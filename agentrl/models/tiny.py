@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -148,15 +150,59 @@ def build_tiny_checkpoint(
 
     ``tie_word_embeddings``: the output projection is the embedding matrix (as in
     SmolLM2). Reuses ``out_dir`` if it already holds a complete checkpoint (``.complete``
-    marker).
+    marker). The checkpoint is written in a temporary sibling directory and renamed into
+    place, so processes that build the same one at once (``pytest -n`` workers) never
+    read or write each other's half-written files.
     """
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
     out = Path(out_dir)
     if (out / ".complete").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        staging.chmod(0o755)
+        params = _write_tiny_checkpoint(
+            staging,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            vocab_size=vocab_size,
+            max_position_embeddings=max_position_embeddings,
+            seed=seed,
+            tie_word_embeddings=tie_word_embeddings,
+        )
+        (staging / ".complete").write_text("ok")
+        if out.exists() and not (out / ".complete").exists():
+            shutil.rmtree(out)  # left by a build that died half-way
+        try:
+            staging.rename(out)
+        except OSError:  # another process renamed its build into place first
+            if not (out / ".complete").exists():
+                raise
+        else:
+            logger.info("built tiny checkpoint at %s (%d params)", out, params)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write_tiny_checkpoint(
+    out: Path,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    vocab_size: int,
+    max_position_embeddings: int,
+    seed: int,
+    tie_word_embeddings: bool,
+) -> int:
+    """``build_tiny_checkpoint``'s files, written to ``out``; returns the parameter count."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
     build_tokenizer(out, vocab_size=vocab_size, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(str(out))
 
@@ -186,6 +232,4 @@ def build_tiny_checkpoint(
                 param.normal_(0.0, 0.2)
     model.save_pretrained(str(out), safe_serialization=True)
     model.generation_config.save_pretrained(str(out))
-    (out / ".complete").write_text("ok")
-    logger.info("built tiny checkpoint at %s (%d params)", out, model.num_parameters())
-    return out
+    return model.num_parameters()

@@ -7,6 +7,9 @@ A checkpoint directory holds:
 - ``trainer_state.pt`` (rank 0): scheduler state, step, and the caller's opaque
   ``extra`` dict (the trainer keeps the dataloader position there);
 - ``rng_rank{r}.pt``: each rank's Python, NumPy and torch RNG states.
+
+The trainer writes the actor's checkpoint there and, in a run with a critic, the
+critic's the same way in ``critic/`` (``CRITIC_DIR``) first.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_OPTIM_DIR = "model_optim"
 TRAINER_STATE_FILE = "trainer_state.pt"
+CRITIC_DIR = "critic"
 
 
 def save_checkpoint(

@@ -35,6 +35,7 @@ from agentrl.server.weight_transport import make_weight_sync
 from agentrl.tracking import MetricsLogger
 from agentrl.trainer.audit import RowAudit
 from agentrl.trainer.batch import Sample, build_batch
+from agentrl.trainer.checkpoint import CRITIC_DIR, TRAINER_STATE_FILE
 from agentrl.trainer.dispatch import Batch
 from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
 from agentrl.trainer.losses import make_actor_loss, make_critic_loss
@@ -81,6 +82,7 @@ class Trainer:
         self.trained_episodes: set[str] = set()
         self._step_rows: set[int] = set()  # rows the synchronous step handed out
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
+        self._saved_step: int | None = None  # the step of the last checkpoint written
 
     # -- setup -------------------------------------------------------------------------
 
@@ -181,7 +183,8 @@ class Trainer:
         calls) routes on this event loop until the steps end."""
         async with self.client:
             history = await self.train_steps()
-        self.save_checkpoint()
+        if self._saved_step != self.step:  # trainer.save_every may have saved it already
+            self.save_checkpoint()
         return history
 
     async def train_steps(self) -> list[dict[str, float]]:
@@ -460,16 +463,23 @@ class Trainer:
     # -- checkpoints and samples -------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Actor model + optimizer + scheduler + RNG, with step, version and data position."""
+        """The actor (model, optimizer, scheduler, RNG) with step, version, data position
+        and the in-reward KL controller's state; the critic's the same way under
+        ``critic/``."""
         path = self.run_dir / "checkpoints" / f"step_{self.step}"
         extra = {"step": self.step, "version": self.version, **self._data_state()}
+        if self.kl_controller is not None:
+            extra["kl_controller"] = self.kl_controller.state_dict()
         # Recorded before the checkpoint exists: a driver killed once it is written but
         # before a line after it would leave a checkpoint the audit never heard of, and
         # the run resumed from it could not be replayed. Nothing runs in between (the
         # save blocks the loop), so the pending rows are the checkpoint's.
         self.audit.checkpoint(self.step, self._pending_rows())
+        if self.critic is not None:  # first: the actor's trainer state marks it complete
+            self.critic.save_checkpoint(str(path / CRITIC_DIR), extra={"step": self.step})
         self.actor.save_checkpoint(str(path), extra=extra)
         self.audit.saved(self.step)
+        self._saved_step = self.step
         logger.info("saved checkpoint %s", path)
         return path
 
@@ -481,8 +491,23 @@ class Trainer:
     def _resume(self, checkpoint: Path) -> None:
         extra = self.actor.load_checkpoint(str(checkpoint))
         self.step, self.version = extra["step"], extra["version"]
+        self._saved_step = self.step
         self._load_data_state(extra)
+        if self.kl_controller is not None:
+            self.kl_controller.load_state_dict(extra.get("kl_controller", {}))
+        if self.critic is not None:
+            self._resume_critic(checkpoint / CRITIC_DIR)
         logger.info("resumed from %s at step %d", checkpoint, self.step)
+
+    def _resume_critic(self, path: Path) -> None:
+        if (path / TRAINER_STATE_FILE).is_file():
+            self.critic.load_checkpoint(str(path))
+            return
+        logger.warning(
+            "%s holds no critic (its run trained without one): the critic starts from its "
+            "initial weights with a fresh optimizer",
+            path.parent,
+        )
 
     def _data_state(self) -> dict[str, Any]:
         """The data position saved with a checkpoint."""

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import ray
+import torch
 from ray import serve
 from toy_task import _write_rows, toy_config
 
@@ -51,9 +52,11 @@ async def test_grpo_run_raises_the_toy_reward(tiny_checkpoint, tmp_path_factory,
     assert (run / "checkpoints" / "step_10").exists()
 
 
-async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
+async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_critic_and_kl(
     tiny_checkpoint, tmp_path_factory, ray_session
 ):
+    """A PPO run (critic, adaptive in-reward KL, DAPO dynamic sampling) trains 2 steps;
+    resumed, it starts from the critic and the KL coefficient it saved, and trains on."""
     tmp = tmp_path_factory.mktemp("ppo")
     extra = [
         "server.engine.backend=hf",  # the algorithm's path; the engine plays no part
@@ -62,26 +65,55 @@ async def test_ppo_with_critic_kl_in_reward_and_dynamic_sampling(
         "algorithm.lam=0.95",
         "algorithm.kl.use_kl_in_reward=true",
         "algorithm.kl.kl_coef=0.01",
+        "algorithm.kl.kl_ctrl_type=adaptive",
+        "algorithm.kl.horizon=100",
         "algorithm.dynamic_sampling.enable=true",
         "workers.ref.num_cpus_per_worker=0",
         "workers.critic.world_size=2",
         "workers.critic.num_cpus_per_worker=0",
         "workers.critic.mini_batch_size=16",
+        "trainer.save_every=1",
     ]
-    trainer = Trainer(toy_config(tiny_checkpoint, tmp, steps=3, extra=extra))
+    probe = _value_probe()
+    trainer = Trainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=extra))
     trainer.setup()
     try:
+        initial_values = trainer.critic.compute_values(probe)["values"]
         history = await trainer.fit()
+        trained_values = trainer.critic.compute_values(probe)["values"]
+        beta = trainer.kl_controller.value
     finally:
         trainer.shutdown()
-    assert len(history) == 3
+    assert len(history) == 2
     for h in history:
         assert np.isfinite(h["critic/value_loss"]) and np.isfinite(h["actor/loss"])
         assert "actor/reward_kl_coef" in h
         assert h["dapo/num_gen_batches"] >= 1
-    # The KL penalty starts at 0 (policy == reference) and grows once the policy moves.
+    # The KL penalty starts at 0 (policy == reference), so β shrinks below the target.
     assert history[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
-    assert history[-1]["actor/reward_kl_penalty"] > 0
+    assert beta < 0.01
+    assert not torch.allclose(trained_values, initial_values)  # the critic learned
+    checkpoints = sorted(p.name for p in (tmp / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["step_1", "step_2"]  # step 2 once, not again at the end
+    assert (tmp / "run" / "checkpoints" / "step_2" / "critic" / "trainer_state.pt").is_file()
+
+    resumed = Trainer(toy_config(tiny_checkpoint, tmp, steps=3, extra=extra))
+    resumed.setup()
+    try:
+        assert resumed.step == 2 and resumed.kl_controller.value == beta
+        torch.testing.assert_close(resumed.critic.compute_values(probe)["values"], trained_values)
+        more = await resumed.fit()
+    finally:
+        resumed.shutdown()
+    assert len(more) == 1 and np.isfinite(more[0]["critic/value_loss"])
+    assert more[0]["actor/reward_kl_coef"] == pytest.approx(beta)
+
+
+def _value_probe() -> dict[str, torch.Tensor]:
+    """A fixed batch of 2 rows (prompt 4, response 3 tokens) to read the critic with."""
+    ids = torch.arange(3, 3 + 14).reshape(2, 7)
+    attention = torch.ones_like(ids)
+    return {"input_ids": ids, "attention_mask": attention, "response_mask": attention[:, 4:]}
 
 
 async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resumes(

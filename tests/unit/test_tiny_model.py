@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 SAMPLES = [
     "Hello world! What is 12 + 345?",
@@ -56,3 +58,24 @@ def test_checkpoint_is_a_small_qwen2(tiny_checkpoint):
     assert config.model_type == "qwen2"
     assert config.num_hidden_layers == 2
     assert config.vocab_size == len(AutoTokenizer.from_pretrained(tiny_checkpoint))
+
+
+def test_processes_building_the_same_checkpoint_at_once_each_get_it_whole(tmp_path):
+    """Two processes build one checkpoint directory at the same moment (as ``pytest -n``
+    workers do): each returns a complete checkpoint, and no staging directory is left."""
+    target = tmp_path / "tiny"
+    script = (
+        "import sys; from agentrl.models.tiny import build_tiny_checkpoint; "
+        "print(build_tiny_checkpoint(sys.argv[1], hidden_size=32, vocab_size=512))"
+    )
+    builders = [
+        subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [builder.communicate(timeout=300)[0].decode().strip() for builder in builders]
+    assert [builder.returncode for builder in builders] == [0, 0]
+    assert outputs == [str(target)] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+    model = AutoModelForCausalLM.from_pretrained(target)
+    assert model.config.hidden_size == 32
+    assert AutoTokenizer.from_pretrained(target)("<tool_call>")["input_ids"]

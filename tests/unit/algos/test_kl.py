@@ -73,6 +73,23 @@ def test_adaptive_controller_moves_proportionally_with_clipped_error(current, fa
     assert ctrl.value == pytest.approx(0.2 * factor)
 
 
+def test_a_restored_adaptive_controller_continues_from_its_saved_coefficient():
+    ctrl = AdaptiveKLController(init_kl_coef=0.2, target_kl=0.1, horizon=100)
+    ctrl.update(0.0, n_steps=50)
+    restored = AdaptiveKLController(init_kl_coef=0.2, target_kl=0.1, horizon=100)
+    restored.load_state_dict(ctrl.state_dict())
+    assert restored.value == ctrl.value != 0.2
+    restored.load_state_dict({})  # a checkpoint from before controllers were saved
+    assert restored.value == ctrl.value
+
+
+def test_a_fixed_controller_keeps_the_config_s_coefficient_on_resume():
+    saved = FixedKLController(0.05).state_dict()
+    resumed = FixedKLController(0.01)  # the resumed run's config asks for another β
+    resumed.load_state_dict(saved)
+    assert saved == {} and resumed.value == 0.01
+
+
 def test_config_builds_the_controller_it_names():
     assert isinstance(KLConfig().make_controller(), FixedKLController)
     adaptive = KLConfig(kl_ctrl_type="adaptive", kl_coef=0.3, target_kl=0.05).make_controller()
