@@ -82,7 +82,6 @@ class Trainer:
         self.trained_episodes: set[str] = set()
         self._step_rows: set[int] = set()  # rows the synchronous step handed out
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
-        self._saved_step: int | None = None  # the step of the last checkpoint written
 
     # -- setup -------------------------------------------------------------------------
 
@@ -183,7 +182,7 @@ class Trainer:
         calls) routes on this event loop until the steps end."""
         async with self.client:
             history = await self.train_steps()
-        if self._saved_step != self.step:  # trainer.save_every may have saved it already
+        if not self._checkpoint_due():  # else trainer.save_every has just written it
             self.save_checkpoint()
         return history
 
@@ -433,10 +432,14 @@ class Trainer:
         # logs this step again on resume (the later line wins), instead of resuming past
         # a step that metrics.jsonl never recorded.
         logged = self.tracker.log(self.step, metrics)
-        every = self.cfg.trainer.save_every
-        if every and self.step % every == 0:
+        if self._checkpoint_due():
             self.save_checkpoint()
         return logged
+
+    def _checkpoint_due(self) -> bool:
+        """Whether ``trainer.save_every`` asks for a checkpoint at this step."""
+        every = self.cfg.trainer.save_every
+        return bool(every) and self.step % every == 0
 
     # -- validation --------------------------------------------------------------------
 
@@ -479,7 +482,6 @@ class Trainer:
             self.critic.save_checkpoint(str(path / CRITIC_DIR), extra={"step": self.step})
         self.actor.save_checkpoint(str(path), extra=extra)
         self.audit.saved(self.step)
-        self._saved_step = self.step
         logger.info("saved checkpoint %s", path)
         return path
 
@@ -491,7 +493,6 @@ class Trainer:
     def _resume(self, checkpoint: Path) -> None:
         extra = self.actor.load_checkpoint(str(checkpoint))
         self.step, self.version = extra["step"], extra["version"]
-        self._saved_step = self.step
         self._load_data_state(extra)
         if self.kl_controller is not None:
             self.kl_controller.load_state_dict(extra.get("kl_controller", {}))

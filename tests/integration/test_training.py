@@ -94,7 +94,9 @@ async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_criti
     assert beta < 0.01
     assert not torch.allclose(trained_values, initial_values)  # the critic learned
     checkpoints = sorted(p.name for p in (tmp / "run" / "checkpoints").iterdir())
-    assert checkpoints == ["step_1", "step_2"]  # step 2 once, not again at the end
+    assert checkpoints == ["step_1", "step_2"]
+    saved = [json.loads(line) for line in (tmp / "run" / "audit.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in saved if e["event"] == "saved"] == [1, 2]  # step 2 once
     assert (tmp / "run" / "checkpoints" / "step_2" / "critic" / "trainer_state.pt").is_file()
 
     resumed = Trainer(toy_config(tiny_checkpoint, tmp, steps=3, extra=extra))

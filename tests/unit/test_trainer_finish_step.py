@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agentrl.config import load_config
 from agentrl.trainer.trainer import Trainer
 
@@ -61,3 +63,26 @@ def test_steps_between_checkpoints_are_logged_without_one(tmp_path: Path) -> Non
     logged = [asyncio.run(trainer._finish_step({"actor/loss": 0.5})) for _ in range(2)]
     assert recorder.events == [("metrics", 1), ("metrics", 2), ("checkpoint", 2)]
     assert all(metrics["trainer/version"] == trainer.version for metrics in logged)
+
+
+class _Client:
+    """Stands in for the rollout client's data path, which ``fit`` holds open."""
+
+    async def __aenter__(self) -> _Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("save_every", "saved"), [(1, [1, 2]), (2, [2]), (3, [2]), (0, [2])])
+def test_a_run_ends_with_one_checkpoint_of_its_last_step(tmp_path: Path, save_every, saved):
+    trainer, recorder = _trainer(tmp_path, save_every=save_every)
+    trainer.client = _Client()
+
+    async def two_steps() -> list[dict[str, float]]:
+        return [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]
+
+    trainer.train_steps = two_steps
+    asyncio.run(trainer.fit())
+    assert [step for event, step in recorder.events if event == "checkpoint"] == saved
