@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from transformers import AutoTokenizer
 
-from agentrl.algos import DynamicSampler, DynamicSamplingError
+from agentrl.algos import DynamicSampler, DynamicSamplingError, KLController
 from agentrl.config import AgentRLConfig, resolve_user_config
 from agentrl.core.types import INITIAL_WEIGHT_VERSION, SamplingParams
 from agentrl.data.dataset import build_dataset
@@ -82,6 +82,9 @@ class Trainer:
         self.trained_episodes: set[str] = set()
         self._step_rows: set[int] = set()  # rows the synchronous step handed out
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
+        # Set by setup() for the algorithm that needs them.
+        self.critic: CriticGroup | None = None
+        self.kl_controller: KLController | None = None
 
     # -- setup -------------------------------------------------------------------------
 
