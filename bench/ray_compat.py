@@ -250,6 +250,7 @@ def main() -> None:
         help="keep the other versions' rows of --out (measured on the same code)",
     )
     args = parser.parse_args()
+    here = provenance(ROOT, MEASURED)  # the code as it was when the runs started
     logs = Path(tempfile.mkdtemp(prefix="ray_compat-"))
     rows = [run_version(version, args.episodes, logs) for version in args.versions]
 
@@ -271,7 +272,6 @@ def main() -> None:
         )  # fmt: skip
     console.print(table)
     console.print(f"logs: {logs}")
-    here = provenance(ROOT, MEASURED)
     for row in rows:
         row["date"] = here["date"]
     if args.merge and args.out.exists():
