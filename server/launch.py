@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 
+import psutil
 import ray
 from ray import serve
 from ray.serve import Application
@@ -18,6 +20,8 @@ from agentrl.server.deployment import build_rollout_app
 
 logger = logging.getLogger(__name__)
 
+LOCAL_START_ATTEMPTS = 3
+_NODE_START_TIMEOUT = "timed out during startup"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
 
@@ -77,16 +81,24 @@ def run_application(app: Application, name: str, route_prefix: str | None) -> No
 
 
 def init_ray(cfg: RayConfig) -> None:
-    """Connect to ``cfg.address`` or start a local Ray instance (no dashboard)."""
+    """Connect to ``cfg.address`` or start a local Ray instance (no dashboard).
+
+    A local start whose raylet does not register within Ray's fixed 30 s is retried
+    (``LOCAL_START_ATTEMPTS`` in all) after the failed start's processes are killed.
+    """
     if ray.is_initialized():
         return
-    ray.init(
+    init_kwargs = dict(
         address=cfg.address or "local",
         num_cpus=cfg.num_cpus if cfg.address is None else None,
         include_dashboard=False,
         namespace=cfg.namespace,
         log_to_driver=cfg.log_to_driver,
     )
+    if cfg.address is None:
+        _start_local_ray(init_kwargs)
+    else:
+        ray.init(**init_kwargs)
     if not cfg.log_to_driver:
         logger.info(
             "Ray workers' logs: %s (ray.log_to_driver=true or -v shows them here)",
@@ -94,6 +106,47 @@ def init_ray(cfg: RayConfig) -> None:
             if cfg.address is None
             else "each node's Ray logs",
         )
+
+
+def _start_local_ray(init_kwargs: dict) -> None:
+    """``ray.init`` of a new local instance, retried when its node times out starting.
+
+    Ray gives a new node's raylet a fixed 30 s to register with its GCS and then raises,
+    leaving the GCS, raylet and agents it started running. On a loaded 2-core machine
+    (a previous instance's engine processes still exiting) that wait has run out in CI;
+    the next attempt, with the leftovers killed, starts normally.
+    """
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        already_running = {child.pid for child in psutil.Process().children(recursive=True)}
+        try:
+            ray.init(**init_kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this timeout
+            if _NODE_START_TIMEOUT not in str(exc) or attempt == LOCAL_START_ATTEMPTS:
+                raise
+            killed = _kill_processes_started_since(already_running)
+            logger.warning(
+                "local Ray instance did not start (%s); killed its %d processes, "
+                "starting again (attempt %d of %d)",
+                exc,
+                killed,
+                attempt + 1,
+                LOCAL_START_ATTEMPTS,
+            )
+
+
+def _kill_processes_started_since(already_running: set[int]) -> int:
+    """Kill this process's descendants not in ``already_running``; returns how many."""
+    started = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.pid not in already_running
+    ]
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(started, timeout=10)
+    return len(started)
 
 
 def start_rollout_servers(

@@ -19,11 +19,13 @@ import pytest
 import ray
 
 from agentrl.config import load_config
+from agentrl.core.config import RayConfig
 from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.episode_batches import EpisodeStreamer
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.worker_pool import NoLiveWorker
+from agentrl.server.launch import init_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -72,7 +74,7 @@ class SlowToRestartWorker(SleepingWorker):
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    ray.init(address="local", include_dashboard=False, num_cpus=2)
+    init_ray(RayConfig(num_cpus=2, log_to_driver=True))
     # The stand-in workers travel to their actors, which cannot import this file.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield

@@ -13,6 +13,8 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl.core.config import RayConfig
+from agentrl.server.launch import init_ray
 from agentrl.trainer import (
     ActorConfig,
     ActorGroup,
@@ -117,7 +119,7 @@ def hf_model(checkpoint, named_weights=None):
 def ray_cluster():
     if ray.is_initialized():  # an earlier module's, left running
         ray.shutdown()
-    ray.init(address="local", include_dashboard=False, num_cpus=2)
+    init_ray(RayConfig(num_cpus=2, log_to_driver=True))
     # The loss functions below travel to the workers, which cannot import this file.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield

@@ -21,6 +21,9 @@ import yaml
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
+from agentrl.core.config import RayConfig
+from agentrl.server.launch import init_ray
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +65,7 @@ def local_ray(monkeypatch):
     # The application builders run in Ray workers, which inherit this environment.
     monkeypatch.setenv("AGENTRL_GATEWAY_API_KEY", KEY)
     ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="agentrl")
+    init_ray(RayConfig(num_cpus=2, log_to_driver=True))
     yield
     ray.shutdown()  # stops the applications with it, without Serve's graceful wait
 
