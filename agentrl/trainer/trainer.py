@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from agentrl.preflight import check_inputs
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
+from agentrl.server.client import ServerClient
 from agentrl.server.gateway.deployment import start_gateway, stop_gateway
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
 from agentrl.server.weight_transport import make_weight_sync
@@ -83,6 +85,8 @@ class Trainer:
         self._step_rows: set[int] = set()  # rows the synchronous step handed out
         self._catch_up_pushes: dict[int, int] = {}  # version -> pushes to lagging replicas
         # Set by setup() for the algorithm that needs them.
+        self.actor: ActorGroup | None = None
+        self.ref: ReferenceGroup | None = None
         self.critic: CriticGroup | None = None
         self.kl_controller: KLController | None = None
 
@@ -112,12 +116,44 @@ class Trainer:
         )
         self.loader = self._row_loader()
         init_ray(cfg.ray)
-        self.client = start_rollout_servers(
+        # The replicas and the training ranks start at once: a vLLM replica imports vLLM
+        # in three processes one after the other, which alone leaves a core idle.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-start") as pool:
+            rollout_start = pool.submit(self._start_rollout_servers)
+            self._start_training_workers()  # on failure, raises once the servers are up
+        try:
+            self.client = rollout_start.result()
+        except BaseException:
+            self._stop_training_workers()
+            raise
+        self.manager = AgentLoopManager(cfg)
+        kl = cfg.algorithm.kl
+        self.kl_controller = kl.make_controller() if kl.use_kl_in_reward else None
+        self.rewards = RewardManager.from_config(cfg.reward)
+        self.loss_fn = make_actor_loss(cfg.algorithm)
+        self.critic_loss_fn = make_critic_loss(cfg.algorithm)
+        self.sync = make_weight_sync(cfg.weight_sync, self.client.control)
+        self.tracker = MetricsLogger.from_config(
+            self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
+        )
+        if checkpoint is not None:
+            self._resume(checkpoint)
+        self.audit = RowAudit(self.run_dir, self.step if checkpoint is not None else None)
+
+    def _start_rollout_servers(self) -> ServerClient:
+        """The rollout replicas, and the gateway in front of them when enabled."""
+        cfg = self.cfg
+        client = start_rollout_servers(
             cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
         )
         if cfg.gateway.enabled:  # external agents (agent_name: external) call it
             start_gateway(cfg.gateway, cfg.model, cfg.server)
-        self.manager = AgentLoopManager(cfg)
+        return client
+
+    def _start_training_workers(self) -> None:
+        """The FSDP ranks: actor, reference (when a KL term needs it), critic (GAE)."""
+        cfg = self.cfg
+        kl = cfg.algorithm.kl
         total = cfg.trainer.total_steps
         placement = cfg.placement.trainer
         self.actor = ActorGroup(
@@ -137,17 +173,12 @@ class Trainer:
             if cfg.algorithm.adv_estimator == "gae"
             else None
         )
-        self.kl_controller = kl.make_controller() if kl.use_kl_in_reward else None
-        self.rewards = RewardManager.from_config(cfg.reward)
-        self.loss_fn = make_actor_loss(cfg.algorithm)
-        self.critic_loss_fn = make_critic_loss(cfg.algorithm)
-        self.sync = make_weight_sync(cfg.weight_sync, self.client.control)
-        self.tracker = MetricsLogger.from_config(
-            self.run_dir, cfg.logging, total_steps=cfg.trainer.total_steps
-        )
-        if checkpoint is not None:
-            self._resume(checkpoint)
-        self.audit = RowAudit(self.run_dir, self.step if checkpoint is not None else None)
+
+    def _stop_training_workers(self) -> None:
+        """Stop the FSDP ranks that ``_start_training_workers`` started."""
+        for group in (self.actor, self.ref, self.critic):
+            if group is not None:
+                group.shutdown()
 
     def _row_loader(self) -> RowLoader | None:
         """The training rows; None when only gateway sessions are trained on (async)."""
@@ -169,10 +200,7 @@ class Trainer:
         self.tracker.close()
         self.rewards.close()
         self.manager.shutdown()
-        self.actor.shutdown()
-        for group in (self.ref, self.critic):
-            if group is not None:
-                group.shutdown()
+        self._stop_training_workers()
         if self.cfg.gateway.enabled:
             stop_gateway(self.cfg.gateway)
         stop_rollout_servers(self.cfg.server)
