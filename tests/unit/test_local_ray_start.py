@@ -36,13 +36,20 @@ class FakeRayInit:
 
 @pytest.fixture
 def fake_init(monkeypatch):
+    installed: list[FakeRayInit] = []
+
     def install(failures: int, error: Exception = TIMEOUT) -> FakeRayInit:
         fake = FakeRayInit(failures, error)
         monkeypatch.setattr(launch.ray, "init", fake)
         monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+        installed.append(fake)
         return fake
 
     yield install
+    for fake in installed:  # whatever init_ray did not kill
+        for process in fake.leftovers:
+            process.kill()
+            process.wait()
 
 
 def _alive(process: subprocess.Popen) -> bool:
@@ -72,8 +79,6 @@ def test_the_last_attempt_raises_the_timeout(fake_init):
     assert len(fake.calls) == launch.LOCAL_START_ATTEMPTS
     for process in fake.leftovers[:-1]:
         assert not _alive(process)
-    fake.leftovers[-1].kill()
-    fake.leftovers[-1].wait()
 
 
 def test_other_start_errors_are_not_retried(fake_init):
@@ -81,8 +86,6 @@ def test_other_start_errors_are_not_retried(fake_init):
     with pytest.raises(ValueError, match="bad num_cpus"):
         launch.init_ray(RayConfig(num_cpus=2))
     assert len(fake.calls) == 1
-    fake.leftovers[0].kill()
-    fake.leftovers[0].wait()
 
 
 def test_connecting_to_a_cluster_is_not_retried(fake_init):
@@ -91,5 +94,3 @@ def test_connecting_to_a_cluster_is_not_retried(fake_init):
         launch.init_ray(RayConfig(address="10.0.0.1:6379"))
     assert len(fake.calls) == 1
     assert fake.calls[0]["num_cpus"] is None
-    fake.leftovers[0].kill()
-    fake.leftovers[0].wait()
