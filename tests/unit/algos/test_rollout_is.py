@@ -293,7 +293,9 @@ def test_percentiles_match_numpy_on_a_large_batch():
     out = compute_rollout_is_weights(
         old, torch.zeros_like(old), torch.ones_like(old), threshold=2.0
     )
-    raw = np.exp(old.numpy().ravel())
+    # numpy gets torch's own exp: the two libraries' exp differ by up to ~3e-9 (relative) on
+    # AVX-512 CPUs, and this test is about the quantile rule, not exp.
+    raw = old.exp().numpy().ravel()
     for p in (25, 50, 75, 95, 99):
         got = out.metrics[f"mismatch/rollout_is_p{p}"].item()
         assert got == pytest.approx(np.percentile(raw, p), rel=1e-12)
