@@ -151,7 +151,8 @@ def reference_mismatch(old, rollout, mask):
 def compare(got, want):
     assert set(got) == set(want)
     for key, value in want.items():
-        assert got[key].item() == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        # 1e-8: torch's and math's float64 exp have been seen to differ by 3e-9 (relative).
+        assert got[key].item() == pytest.approx(value, rel=1e-8, abs=1e-12), key
 
 
 @settings(max_examples=60, deadline=None)
@@ -293,8 +294,8 @@ def test_percentiles_match_numpy_on_a_large_batch():
     out = compute_rollout_is_weights(
         old, torch.zeros_like(old), torch.ones_like(old), threshold=2.0
     )
-    # numpy gets torch's own exp: the two libraries' exp differ by up to ~3e-9 (relative) on
-    # AVX-512 CPUs, and this test is about the quantile rule, not exp.
+    # numpy gets torch's own exp: the two libraries' float64 exp have been seen to differ
+    # by 3e-9 (relative), and this test is about the quantile rule, not exp.
     raw = old.exp().numpy().ravel()
     for p in (25, 50, 75, 95, 99):
         got = out.metrics[f"mismatch/rollout_is_p{p}"].item()
