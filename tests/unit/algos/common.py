@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# Relative tolerance for a torch result against one computed with another library's exp:
+# torch's and numpy's float64 exp on the same input have been seen to differ by 3.3e-9.
+EXP_REL_TOL = 1e-8
+
 
 def ragged_mask(gen: torch.Generator, batch: int, length: int, empty_rows: int = 1) -> Tensor:
     """``[B, T]`` float64 mask: random response lengths, tool-output holes, empty rows.

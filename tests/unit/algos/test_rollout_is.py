@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agentrl.algos import AlgorithmConfig, compute_mismatch_metrics, compute_rollout_is_weights
 
-from .common import ragged_mask, randn, valid_positions
+from .common import EXP_REL_TOL, ragged_mask, randn, valid_positions
 
 IS_STATS = ("mean", "std", "min", "max", "p25", "p50", "p75", "p95", "p99", "eff_sample_size")
 SEQ_STATS = ("mean", "std", "min", "max", "max_deviation", "fraction_high", "fraction_low")
@@ -151,8 +151,7 @@ def reference_mismatch(old, rollout, mask):
 def compare(got, want):
     assert set(got) == set(want)
     for key, value in want.items():
-        # 1e-8: torch's and math's float64 exp have been seen to differ by 3e-9 (relative).
-        assert got[key].item() == pytest.approx(value, rel=1e-8, abs=1e-12), key
+        assert got[key].item() == pytest.approx(value, rel=EXP_REL_TOL, abs=1e-12), key
 
 
 @settings(max_examples=60, deadline=None)
@@ -294,8 +293,7 @@ def test_percentiles_match_numpy_on_a_large_batch():
     out = compute_rollout_is_weights(
         old, torch.zeros_like(old), torch.ones_like(old), threshold=2.0
     )
-    # numpy gets torch's own exp: the two libraries' float64 exp have been seen to differ
-    # by 3e-9 (relative), and this test is about the quantile rule, not exp.
+    # numpy gets torch's own exp (see EXP_REL_TOL): this test is about the quantile rule.
     raw = old.exp().numpy().ravel()
     for p in (25, 50, 75, 95, 99):
         got = out.metrics[f"mismatch/rollout_is_p{p}"].item()
