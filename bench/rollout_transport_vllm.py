@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import statistics
@@ -128,8 +129,13 @@ class BareEngines:
         return sum(await asyncio.gather(*(one(i) for i in range(episodes))))
 
     def shutdown(self) -> None:
-        for engine in self.engines:
-            engine.shutdown()
+        """Shut the engines down and collect them now: an engine left in a reference cycle
+        until the interpreter exits runs ``AsyncLLM.__del__`` after vLLM's module globals
+        are gone, which prints a TypeError."""
+        engines, self.engines = self.engines, []
+        while engines:
+            engines.pop().shutdown()
+        gc.collect()
 
 
 async def _measure(side: str, ctx: dict[str, Any]) -> tuple[float, dict[str, int]]:
