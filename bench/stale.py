@@ -13,10 +13,13 @@ A result is ``stale`` (yes) when any of those files changed, ``no`` when none di
 ``unknown`` when it records no commit, its commit is not in this repository, or no
 measured paths are known.
 
-    .venv/bin/python bench/stale.py [--json] [--root DIR]
+    .venv/bin/python bench/stale.py [--json | --commands] [--root DIR]
 
 Prints a table (result, commit, date, changed files, stale), or with ``--json`` one
-object per result; exits 0 either way.
+object per result, or with ``--commands`` a shell script that re-runs each stale
+result: the ``command`` it recorded (``agentrl.testing.benchmarks.bench_command``; a
+result from before 2026-12-01 recorded none, and its line says where the command is
+written down). Exits 0 either way.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def check(root: Path, result: Path) -> dict[str, Any]:
         "result": str(result.relative_to(root)),
         "commit": commit,
         "date": payload.get("date"),
+        "command": payload.get("command"),
         "measured_from": "",
         "changed_files": [],
         "stale": None,
@@ -117,6 +121,23 @@ def _short(commit: Any) -> str:
     return base[:9] + ("+dirty" if base != commit.strip() else "")
 
 
+def rerun_script(rows: list[dict[str, Any]]) -> str:
+    """A shell script, run from the repository root, that re-runs every stale result with
+    the command it recorded; a result without one gets a comment line instead."""
+    lines = ["# re-runs the stale results, one after the other (bench/stale.py --commands)"]
+    for row in rows:
+        if not row["stale"]:
+            continue
+        name = Path(row["result"]).name
+        if row["command"]:
+            lines += [f"# {name} (measured at {_short(row['commit'])})", row["command"]]
+        else:
+            lines.append(f"# {name}: no command recorded; docs/benchmarks.md gives its command")
+    if len(lines) == 1:
+        lines.append("# none is stale")
+    return "\n".join(lines)
+
+
 def results(root: Path) -> list[Path]:
     """The results checked: ``bench/results/*.json`` (not ``archive/``)."""
     return sorted((root / "bench" / "results").glob("*.json"))
@@ -124,13 +145,20 @@ def results(root: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    output.add_argument(
+        "--commands", action="store_true", help="print the commands that re-run the stale ones"
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository root")
     args = parser.parse_args(argv)
     root = args.root.resolve()
     rows = [check(root, path) for path in results(root)]
     if args.json:
         print(json.dumps(rows, indent=2))
+        return 0
+    if args.commands:
+        print(rerun_script(rows))
         return 0
     table = Table(title="bench/results: measured files changed since each result's commit")
     for column in ("result", "commit", "date", "changed files", "stale", "why unknown"):

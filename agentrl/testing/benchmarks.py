@@ -11,6 +11,7 @@ import ast
 import datetime
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -125,13 +126,33 @@ def same_measured_code(
 
 def provenance(root: Path, measured: Sequence[str]) -> dict[str, Any]:
     """What a benchmark records about the code it measured, taken when it starts:
-    ``commit`` (``checkout_commit`` of the ``measured`` paths), ``date`` (ISO, today)
-    and ``measured`` itself (``bench/stale.py`` compares those paths with HEAD)."""
+    ``commit`` (``checkout_commit`` of the ``measured`` paths), ``date`` (ISO, today),
+    ``measured`` itself (``bench/stale.py`` compares those paths with HEAD) and
+    ``command`` (``bench_command``: what re-runs it)."""
     return {
         "commit": checkout_commit(root, measured),
         "date": datetime.date.today().isoformat(),
         "measured": list(measured),
+        "command": bench_command(root),
     }
+
+
+def bench_command(root: Path, argv: Sequence[str] | None = None) -> str:
+    """The shell command, run from ``root``, that starts this benchmark again with the
+    same arguments: ``.venv/bin/python bench/NAME.py ARGS`` (``agentrl bench NAME ARGS``
+    sets ``sys.argv`` the same way). Paths under ``root`` are written relative to it."""
+    script, *args = sys.argv if argv is None else argv
+
+    def relative(text: str) -> str:
+        path = Path(text)
+        if not path.is_absolute():
+            return text
+        try:
+            return str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            return text
+
+    return shlex.join([".venv/bin/python", relative(script), *map(relative, args)])
 
 
 def declared_measured(script: Path) -> list[str] | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.testing.benchmarks import (
+    bench_command,
     checkout_commit,
     declared_measured,
     provenance,
@@ -129,13 +130,30 @@ def test_checkout_commit_outside_a_repository_is_none(tmp_path):
     assert checkout_commit(tmp_path) is None
 
 
-def test_provenance_is_commit_date_and_measured(repo):
+def test_provenance_is_commit_date_measured_and_command(repo, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(repo / "bench/x.py"), "--runs", "3"])
     started = provenance(repo, ["src/a.py"])
     assert started == {
         "commit": _git(repo, "rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat(),
         "measured": ["src/a.py"],
+        "command": ".venv/bin/python bench/x.py --runs 3",
     }
+
+
+def test_bench_command_is_relative_to_the_root_and_quoted(tmp_path):
+    argv = [
+        str(tmp_path / "bench/x.py"),
+        "--out",
+        str(tmp_path / "bench/results/x.json"),
+        "algorithm.kl.kl_coef=0.1",
+        "trainer.run_dir=/elsewhere/my run",
+    ]
+    assert bench_command(tmp_path, argv) == (
+        ".venv/bin/python bench/x.py --out bench/results/x.json algorithm.kl.kl_coef=0.1 "
+        "'trainer.run_dir=/elsewhere/my run'"
+    )
+    assert bench_command(tmp_path, ["bench/x.py"]) == ".venv/bin/python bench/x.py"
 
 
 def test_same_measured_code_compares_only_the_measured_files_of_clean_commits(repo):
@@ -213,6 +231,29 @@ def test_stale_lists_the_results_whose_measured_files_changed(repo):
     assert table.returncode == 0, table.stderr
     assert "x_tagged.json" in table.stdout
     assert "2 stale, 1 fresh, 4 unknown" in table.stdout
+
+
+def test_stale_commands_rerun_each_stale_result_as_it_was_run(repo):
+    first = _git(repo, "rev-parse", "--short", "HEAD")
+    command = ".venv/bin/python bench/x.py --runs 3"
+    results = {
+        "x.json": {"commit": first, "date": "2026-01-01", "command": command},
+        "x_old.json": {"commit": first, "date": "2026-01-01"},  # before commands were kept
+        "y.json": {"commit": first, "measured": ["src/b.py"], "command": "not stale"},
+    }
+    for name, payload in results.items():
+        (repo / "bench/results" / name).write_text(json.dumps(payload))
+    _commit(repo, "results")
+    (repo / "src/a.py").write_text("A = 2\n")
+    _commit(repo, "a.py changed")
+
+    done = _stale(repo, "--commands")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if not line.startswith("#")] == [command]
+    assert f"# x.json (measured at {first})" in lines
+    assert any(line.startswith("# x_old.json: no command recorded") for line in lines)
+    assert "not stale" not in done.stdout
 
 
 def test_stale_runs_on_this_repository():
