@@ -28,6 +28,11 @@ Families (``FAMILIES``):
   Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
   of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
   read by vLLM's ``mistral`` parser (its pre-v11 path: the vocabulary has no ``[ARGS]``).
+- ``mistral_v13``: the same vocabulary with v11+'s ``[ARGS]`` and ``[CALL_ID]`` control
+  tokens; Mistral's v13 format (Mistral Small 3.2, Devstral: ``[SYSTEM_PROMPT]``, tools
+  before the first user message, ``[TOOL_CALLS]name[ARGS]{...}`` per call, no call ids),
+  token for token what mistral-common's v13 encoder writes, read by vLLM's ``mistral``
+  parser (its v11+ path, chosen because the vocabulary has ``[ARGS]``).
 - ``gpt_oss``: gpt-oss's ``o200k_harmony`` vocabulary from ``openai-harmony``; OpenAI's
   Harmony format (analysis/commentary/final channels, ``<|call|>``-ended calls), token for
   token what openai-harmony's encoder renders, read by agentrl's built-in ``harmony``
@@ -365,6 +370,59 @@ tokens, so a re-render with other ids is never trained on. A new user message mo
 tool list and the system prompt: a conversation is append-only within a tool chain, not
 across user messages."""
 
+# Mistral's v13 instruct format (mistral-common's ``InstructTokenizerV13``: Mistral Small
+# 3.2, Devstral, Magistral without thinking): system prompts in place between their own
+# tokens, the tool list before the *first* user message (so the whole conversation only
+# appends), and each call as ``[TOOL_CALLS]name[ARGS]{arguments}``, with no call ids.
+MISTRAL_V13_TEMPLATE = """
+{%- set ns = namespace(first_user=-1) %}
+{%- for message in messages %}
+    {%- if message.role == 'user' and ns.first_user < 0 %}
+        {%- set ns.first_user = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{{- '<s>' }}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+        {{- '[SYSTEM_PROMPT]' + message.content + '[/SYSTEM_PROMPT]' }}
+    {%- elif message.role == 'user' %}
+        {%- if loop.index0 == ns.first_user and tools %}
+            {{- '[AVAILABLE_TOOLS][' }}
+            {%- for tool in tools %}
+                {%- set fn = tool.function if tool.function is defined else tool %}
+                {%- if not loop.first %}{{- ', ' }}{%- endif %}
+                {{- '{"type": "function", "function": {"name": ' + (fn.name | tojson) }}
+                {{- ', "description": ' + ((fn.description or '') | tojson) }}
+                {{- ', "parameters": ' + ((fn.parameters or {}) | tojson) + '}}' }}
+            {%- endfor %}
+            {{- '][/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {{- '[INST]' + message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {{- '[TOOL_CALLS]' + fn.name + '[ARGS]' }}
+            {{- (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}
+        {%- endfor %}
+        {{- '</s>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '[TOOL_RESULTS]' + (message.content or '') + '[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+""".strip()
+"""Mistral's v13 format, as mistral-common's encoder writes it: ``<s>``, each system prompt
+as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]`` where it stands, ``[AVAILABLE_TOOLS]`` (the tool
+list as JSON) before the first ``[INST]...[/INST]``, an assistant turn as its content
+(trailing spaces dropped) then one ``[TOOL_CALLS]name[ARGS]{arguments}`` per call, closed
+by ``</s>``, and each result as ``[TOOL_RESULTS]content[/TOOL_RESULTS]`` verbatim (a
+result that is JSON stays as written). No generation prompt: the model writes right after
+``[/INST]`` or ``[/TOOL_RESULTS]``. Call ids are neither written nor needed (mistral-common
+requires them on calls and results but encodes none). Arguments given as a JSON string
+are written as they are; mistral-common re-serialises them (a dict renders the same)."""
+
 # OpenAI's Harmony format (gpt-oss). Tools are a TypeScript-like namespace in the developer
 # message; ``ts_type`` writes one JSON-schema value as a type, ``ts_fields`` the fields of
 # an object (one a line, its description as a comment above it, a default after it).
@@ -696,9 +754,15 @@ def _smollm2_tokenizer() -> PreTrainedTokenizerFast:
 _MISTRAL_TEKKEN = "tekken_240718.json"
 
 
-def _mistral_tokenizer() -> PreTrainedTokenizerFast:
-    """Mistral NeMo's tekken vocabulary (v3) from ``mistral-common``: its 1000 control
-    tokens first (``<unk>``, ``<s>``, ``</s>``, ``[INST]``, ... then ``<SPECIAL_20>`` on),
+MISTRAL_V11_CONTROLS = {32: "[ARGS]", 33: "[CALL_ID]"}
+"""Control tokens that v11+ tekken tokenizers name among the fillers, at their ranks (as
+mistral-common's own v11+ test tokenizers place them)."""
+
+
+def _mistral_tokenizer(controls: dict[int, str] | None = None) -> PreTrainedTokenizerFast:
+    """Mistral NeMo's tekken vocabulary from ``mistral-common``: its 1000 control tokens
+    first (``<unk>``, ``<s>``, ``</s>``, ``[INST]``, ... then ``<SPECIAL_20>`` on, with
+    ``controls`` named at their ranks: ``MISTRAL_V11_CONTROLS`` for the v11+ formats),
     then the first 130,072 ranks of the tiktoken vocabulary, as mistral-common's
     ``Tekkenizer`` numbers them. Only the named control tokens are listed in
     ``all_special_tokens`` (the fillers are special tokens all the same)."""
@@ -710,13 +774,21 @@ def _mistral_tokenizer() -> PreTrainedTokenizerFast:
     path = path / _MISTRAL_TEKKEN
     data = json.loads(path.read_text())
     config = data["config"]
-    named = [str(token["token_str"]) for token in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+    deprecated = [str(token["token_str"]) for token in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+    controls = controls or {}
     count = config["default_num_special_tokens"]
-    fillers = [Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i) for i in range(len(named), count)]
-    leading = [_AddedToken(token) for token in [*named, *fillers]]
+    ranked = [
+        *deprecated,
+        *(
+            controls.get(i, Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i))
+            for i in range(len(deprecated), count)
+        ),
+    ]
+    named = [*deprecated, *(controls[i] for i in sorted(controls))]
+    leading = [_AddedToken(token) for token in ranked]
     size = config["default_vocab_size"] - count
     key = {
-        "name": "mistral",
+        "name": "mistral" if not controls else "mistral_v11",
         "package": version("mistral-common"),
         "resource": _MISTRAL_TEKKEN,
         "pattern": config["pattern"],
@@ -874,6 +946,8 @@ def _build(name: str) -> PreTrainedTokenizerFast:
         return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
+    if name == "mistral_v13":
+        return _with_template(_mistral_tokenizer(MISTRAL_V11_CONTROLS), MISTRAL_V13_TEMPLATE)
     if name == "gpt_oss":
         return _with_template(_gpt_oss_tokenizer(), GPT_OSS_TEMPLATE)
     raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
@@ -963,6 +1037,17 @@ FAMILIES: dict[str, ModelFamily] = {
             "`mistral-common` (PyPI, Apache-2.0, by Mistral AI; installed with vLLM), "
             f"`{_MISTRAL_TEKKEN}`; chat template written for agentrl (Apache-2.0) after "
             "mistral-common's v3 instruct encoder, whose ids it reproduces",
+        ),
+        ModelFamily(
+            name="mistral_v13",
+            tool_parser="mistral",
+            reasoning_parser=None,
+            tools_in_system_prompt=False,
+            source="Mistral NeMo's tekken vocabulary and control tokens from `mistral-common` "
+            f"(PyPI, Apache-2.0, by Mistral AI; installed with vLLM), `{_MISTRAL_TEKKEN}`, "
+            "with v11+'s [ARGS] and [CALL_ID] named at ranks 32 and 33; chat template written "
+            "for agentrl (Apache-2.0) after mistral-common's v13 instruct encoder, whose ids "
+            "it reproduces",
         ),
         ModelFamily(
             name="gpt_oss",

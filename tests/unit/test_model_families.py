@@ -187,7 +187,8 @@ def request_with_tools():
 
 def test_family_lookup():
     assert set(FAMILIES) == {
-        *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral", "gpt_oss")
+        *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
+        *("mistral_v13", "gpt_oss"),
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -214,6 +215,11 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
         "mistral": [
             *("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
             *("[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+        ],
+        "mistral_v13": [
+            *("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+            *("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+            *("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
         ],
         "gpt_oss": [
             *("<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|end|>"),
@@ -369,7 +375,8 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
         generated = turn_ids[: turn_ids.index(tokenizer.eos_token_id)]
         # Mistral's [TOOL_CALLS] is a control token: vLLM keeps special tokens for its
         # parser (MistralParser.adjust_request), as agentrl's loops and gateway always do.
-        for skip_special_tokens in (False,) if name == "mistral" else (False, True):
+        mistral = name.startswith("mistral")
+        for skip_special_tokens in (False,) if mistral else (False, True):
             text = tokenizer.decode(generated, skip_special_tokens=skip_special_tokens)
             content = text
             if reasoning_parser is not None:
@@ -409,16 +416,61 @@ def test_reasoning_of_turns_before_the_last_user_message_is_dropped(name):
 def _mistral_common():
     """mistral-common's tokenizer for the family's tekken file (v3), finetuning mode (a
     conversation may end with the assistant's turn)."""
-    from pathlib import Path
-
-    import mistral_common
     from mistral_common.protocol.instruct.validator import ValidationMode
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
+    return MistralTokenizer.from_file(str(_tekken_path()), mode=ValidationMode.finetuning)
+
+
+def _tekken_path():
+    from pathlib import Path
+
+    import mistral_common
+
     from agentrl.testing.families import _MISTRAL_TEKKEN
 
-    path = Path(mistral_common.__file__).parent / "data" / _MISTRAL_TEKKEN
-    return MistralTokenizer.from_file(str(path), mode=ValidationMode.finetuning)
+    return Path(mistral_common.__file__).parent / "data" / _MISTRAL_TEKKEN
+
+
+@functools.cache
+def _mistral_common_v13():
+    """mistral-common's v13 instruct tokenizer on the same tekken vocabulary, its control
+    tokens named as in v11+ tekken files (the file is v3 and lists none, so mistral-common
+    cannot load it as v13 by itself); finetuning mode."""
+    from mistral_common.protocol.instruct.normalize import get_normalizer
+    from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
+    from mistral_common.tokens.tokenizers.base import TokenizerVersion
+    from mistral_common.tokens.tokenizers.instruct import InstructTokenizerV13
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    from mistral_common.tokens.tokenizers.tekken import SpecialTokenInfo, Tekkenizer
+
+    from agentrl.testing.families import MISTRAL_V11_CONTROLS
+
+    data = json.loads(_tekken_path().read_text())
+    config = data["config"]
+    specials = list(Tekkenizer.DEPRECATED_SPECIAL_TOKENS)
+    specials += [
+        SpecialTokenInfo(
+            rank=i,
+            token_str=MISTRAL_V11_CONTROLS.get(i, Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i)),
+            is_control=True,
+        )
+        for i in range(len(specials), config["default_num_special_tokens"])
+    ]
+    version = TokenizerVersion.v13
+    tekken = Tekkenizer(
+        data["vocab"],
+        specials,
+        config["pattern"],
+        config["default_vocab_size"],
+        config["default_num_special_tokens"],
+        version,
+    )
+    return MistralTokenizer(
+        InstructTokenizerV13(tekken),
+        validator=get_validator(version, mode=ValidationMode.finetuning),
+        request_normalizer=get_normalizer(version, None),
+    )
 
 
 def test_mistral_vocabulary_encodes_as_tekkenizer():
@@ -454,15 +506,18 @@ def _parses_as_json(text: str) -> bool:
     return True
 
 
-def _mistral_common_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
-    """mistral-common's ids for an OpenAI-style conversation (arguments as JSON strings)."""
+def _mistral_common_ids(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], reference=None
+) -> list[int]:
+    """mistral-common's ids for an OpenAI-style conversation (arguments as JSON strings),
+    by ``reference`` (default: the v3 tokenizer)."""
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
 
     openai = []
     for message in messages:
         out = {k: message[k] for k in ("role", "content", "tool_call_id") if k in message}
         if message.get("tool_calls"):
-            out["content"] = None
+            out["content"] = message["content"] or None
             out["tool_calls"] = [
                 {
                     "id": call["id"],
@@ -476,17 +531,21 @@ def _mistral_common_ids(messages: list[dict[str, Any]], tools: list[dict[str, An
             ]
         openai.append(out)
     request = ChatCompletionRequest.from_openai(openai, tools=tools)
-    return _mistral_common().encode_chat_completion(request).tokens
+    return (reference or _mistral_common()).encode_chat_completion(request).tokens
 
 
-def _with_call_ids(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_call_ids(
+    conversation: list[dict[str, Any]], content_beside_calls: bool = False
+) -> list[dict[str, Any]]:
     """``conversation`` as mistral-common takes it: 9-character call ids, each result
-    answering its call, no content beside calls (v3 refuses both in one turn)."""
+    answering its call, and unless ``content_beside_calls`` (v11+) no content beside calls
+    (v3 refuses both in one turn)."""
     messages, pending, count = [], [], 0
     for message in conversation:
         message = {k: v for k, v in message.items() if k != "reasoning_content"}
         if message.get("tool_calls"):
-            message["content"] = ""
+            if not content_beside_calls:
+                message["content"] = ""
             message["tool_calls"] = [dict(call) for call in message["tool_calls"]]
             for call in message["tool_calls"]:
                 count += 1
@@ -559,6 +618,87 @@ def test_mistral_tools_and_system_prompt_move_to_the_last_user_message():
     assert "[/AVAILABLE_TOOLS][INST]Be terse.\n\nAnd 3 and 4?[/INST]" in text
     before = _render(fam, messages[:5], prompt=False)
     assert not _render(fam, messages[:6], prompt=False).startswith(before)
+
+
+# --- Mistral v13: mistral-common's v13 encoder on the same vocabulary ---------------------
+
+
+def test_mistral_v13_control_tokens_have_mistral_common_ids():
+    fam = family("mistral_v13")
+    tokenizer = fam.tokenizer()
+    tekken = _mistral_common_v13().instruct_tokenizer.tokenizer
+    assert tekken.version.value == "v13" and tekken.n_words == len(tokenizer)
+    for token_id in range(tekken.num_special_tokens):
+        token = tekken.id_to_piece(token_id)
+        assert _ids(fam, token) == [token_id], token
+        assert tokenizer.decode([token_id]) == token
+    assert [_ids(fam, t) for t in ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")] == [[9], [32], [33]]
+    # The ordinary vocabulary is v3's: the same ids for the same text.
+    for text in _varied_strings(50):
+        assert _ids(fam, text) == _ids(family("mistral"), text), text
+
+
+def test_mistral_v13_template_renders_the_ids_of_mistral_commons_encoder():
+    """The template's ids equal mistral-common's v13 ``encode_chat_completion`` on the fixed
+    conversations and on random ones: tools, system prompt, parallel calls with content
+    beside them, results that are JSON, empty, unicode or multi-line (v13 writes results
+    verbatim, so JSON-looking ones are compared too)."""
+    from agentrl.testing.fidelity import TOOL_SCHEMAS, FamilyRendering, random_conversation
+
+    fam = family("mistral_v13")
+    reference = _mistral_common_v13()
+    conversations = [_with_call_ids(c, True) for c in CONVERSATIONS.values()]
+    rendering = FamilyRendering(fam.tokenizer(), fam.tools_in_system_prompt)
+    rng = random.Random(13)
+    while len(conversations) < 60 + len(CONVERSATIONS):
+        conversation = random_conversation(rng, ["no control tokens"], reasoning=False)
+        messages, _ = rendering.reference(conversation)
+        conversations.append(_with_call_ids(messages, True))
+    controls = fam.tokenizer().all_special_tokens
+    compared = json_results = 0
+    for messages in conversations:
+        if any(control in m["content"] for m in messages for control in controls):
+            continue  # mistral-common encodes control-token strings in text as text
+        for tools in (TOOL_SCHEMAS, None):
+            text = fam.tokenizer().apply_chat_template(messages, tools=tools, tokenize=False)
+            assert _ids(fam, text) == _mistral_common_ids(messages, tools, reference), text
+        compared += 1
+        json_results += any(m["role"] == "tool" and _parses_as_json(m["content"]) for m in messages)
+    assert compared >= 40 and json_results >= 5
+
+
+def test_mistral_v13_writes_each_call_after_args_and_only_appends():
+    """Content, then one ``[TOOL_CALLS]name[ARGS]{...}`` per call, no ids; results verbatim.
+    The tool list sits before the first user message, so a second user message appends
+    (unlike v3, which moves it to the last one)."""
+    fam = family("mistral_v13")
+    messages = [{"role": "system", "content": "Be terse."}, *CONVERSATIONS["two_users"]]
+    text = _render(fam, messages, prompt=False)
+    assert text.startswith("<s>[SYSTEM_PROMPT]Be terse.[/SYSTEM_PROMPT][AVAILABLE_TOOLS][")
+    assert (
+        '[/AVAILABLE_TOOLS][INST]Add 1 and 2.[/INST][TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}</s>'
+        in text
+    )
+    assert "[TOOL_RESULTS]3[/TOOL_RESULTS]3</s>[INST]And 3 and 4?[/INST]" in text
+    assert text.count("[AVAILABLE_TOOLS]") == 1 and "[CALL_ID]" not in text
+    for end in range(2, len(messages)):
+        before = _render(fam, messages[:end], prompt=False)
+        assert _render(fam, messages[: end + 1], prompt=False).startswith(before), end
+
+
+def test_the_mistral_parser_reads_the_format_its_vocabulary_has(request_with_tools):
+    """vLLM's ``mistral`` parser picks its format by the vocabulary: v13's calls parse with
+    the v13 tokenizer and not with v3's (which has no ``[ARGS]``), so a Mistral model needs
+    its own tokenizer, never another family's."""
+    request = request_with_tools
+    text = 'Sure.[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]add[ARGS]{"a": 3, "b": 4}'
+    v13, _ = _parsers(family("mistral_v13"))
+    parsed = v13.extract_tool_calls(text, request)
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in parsed.tool_calls]
+    assert calls == [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]
+    assert parsed.content == "Sure."
+    v3, _ = _parsers(family("mistral"))
+    assert not v3.extract_tool_calls(text, request).tool_calls
 
 
 # --- gpt-oss (Harmony), against openai-harmony's own encoder -----------------------------
