@@ -33,6 +33,9 @@ Families (``FAMILIES``):
   before the first user message, ``[TOOL_CALLS]name[ARGS]{...}`` per call, no call ids),
   token for token what mistral-common's v13 encoder writes, read by vLLM's ``mistral``
   parser (its v11+ path, chosen because the vocabulary has ``[ARGS]``).
+- ``magistral``: ``mistral_v13`` with Magistral's ``[THINK]``/``[/THINK]`` control
+  tokens; reasoning written ``[THINK]...[/THINK]`` before the answer, read by vLLM's
+  ``mistral`` reasoning parser, then its ``mistral`` tool parser.
 - ``gpt_oss``: gpt-oss's ``o200k_harmony`` vocabulary from ``openai-harmony``; OpenAI's
   Harmony format (analysis/commentary/final channels, ``<|call|>``-ended calls), token for
   token what openai-harmony's encoder renders, read by agentrl's built-in ``harmony``
@@ -385,7 +388,7 @@ across user messages."""
 # 3.2, Devstral, Magistral without thinking): system prompts in place between their own
 # tokens, the tool list before the *first* user message (so the whole conversation only
 # appends), and each call as ``[TOOL_CALLS]name[ARGS]{arguments}``, with no call ids.
-MISTRAL_V13_TEMPLATE = """
+_MISTRAL_V13_TURNS = """
 {%- set ns = namespace(first_user=-1) %}
 {%- for message in messages %}
     {%- if message.role == 'user' and ns.first_user < 0 %}
@@ -410,7 +413,7 @@ MISTRAL_V13_TEMPLATE = """
         {%- endif %}
         {{- '[INST]' + message.content + '[/INST]' }}
     {%- elif message.role == 'assistant' %}
-        {%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}
+        ASSISTANT_TEXT
         {%- for call in message.tool_calls or [] %}
             {%- set fn = call.function if call.function is defined else call %}
             {{- '[TOOL_CALLS]' + fn.name + '[ARGS]' }}
@@ -423,7 +426,11 @@ MISTRAL_V13_TEMPLATE = """
         {{- raise_exception('unexpected message role: ' + message.role) }}
     {%- endif %}
 {%- endfor %}
-""".strip()
+"""
+
+MISTRAL_V13_TEMPLATE = _MISTRAL_V13_TURNS.replace(
+    "ASSISTANT_TEXT", "{%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}"
+).strip()
 """Mistral's v13 format, as mistral-common's encoder writes it: ``<s>``, each system prompt
 as ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]`` where it stands, ``[AVAILABLE_TOOLS]`` (the tool
 list as JSON) before the first ``[INST]...[/INST]``, an assistant turn as its content
@@ -433,6 +440,26 @@ result that is JSON stays as written). No generation prompt: the model writes ri
 ``[/INST]`` or ``[/TOOL_RESULTS]``. Call ids are neither written nor needed (mistral-common
 requires them on calls and results but encodes none). Arguments given as a JSON string
 are written as they are; mistral-common re-serialises them (a dict renders the same)."""
+
+# Magistral: the v13 format with the reasoning as ``[THINK]...[/THINK]`` before the answer.
+MAGISTRAL_TEMPLATE = _MISTRAL_V13_TURNS.replace(
+    "ASSISTANT_TEXT",
+    """
+        {%- if message.reasoning_content %}
+            {{- '[THINK]' + message.reasoning_content + '[/THINK]' + (message.content or '') }}
+        {%- elif message.content %}
+            {{- message.content.rstrip(' ') }}
+        {%- endif %}
+    """,
+).strip()
+"""Magistral's format: Mistral's v13 format (``MISTRAL_V13_TEMPLATE``), an assistant turn
+with reasoning written ``[THINK]reasoning[/THINK]answer`` and its answer verbatim, as
+mistral-common's v13 encoder writes a thinking chunk and the text after it (it drops
+trailing spaces only from an answer without reasoning). Reasoning stays in every turn,
+earlier ones included. Where the template differs from mistral-common: an empty
+``reasoning_content`` writes no think block (mistral-common writes ``[THINK][/THINK]``);
+vLLM's ``mistral`` reasoning parser returns no reasoning for an empty block either, so a
+turn kept as the parser split it renders the same."""
 
 # OpenAI's Harmony format (gpt-oss). Tools are a TypeScript-like namespace in the developer
 # message; ``ts_type`` writes one JSON-schema value as a type, ``ts_fields`` the fields of
@@ -769,11 +796,17 @@ MISTRAL_V11_CONTROLS = {32: "[ARGS]", 33: "[CALL_ID]"}
 """Control tokens that v11+ tekken tokenizers name among the fillers, at their ranks (as
 mistral-common's own v11+ test tokenizers place them)."""
 
+MAGISTRAL_CONTROLS = {**MISTRAL_V11_CONTROLS, 34: "[THINK]", 35: "[/THINK]"}
+"""The v11+ control tokens and Magistral's reasoning delimiters, at their ranks."""
 
-def _mistral_tokenizer(controls: dict[int, str] | None = None) -> PreTrainedTokenizerFast:
-    """Mistral NeMo's tekken vocabulary from ``mistral-common``: its 1000 control tokens
-    first (``<unk>``, ``<s>``, ``</s>``, ``[INST]``, ... then ``<SPECIAL_20>`` on, with
-    ``controls`` named at their ranks: ``MISTRAL_V11_CONTROLS`` for the v11+ formats),
+
+def _mistral_tokenizer(
+    name: str = "mistral", controls: dict[int, str] | None = None
+) -> PreTrainedTokenizerFast:
+    """Mistral NeMo's tekken vocabulary from ``mistral-common`` (cached as ``name``): its
+    1000 control tokens first (``<unk>``, ``<s>``, ``</s>``, ``[INST]``, ... then
+    ``<SPECIAL_20>`` on, with ``controls`` named at their ranks: ``MISTRAL_V11_CONTROLS``
+    for the v11+ formats, ``MAGISTRAL_CONTROLS`` with the reasoning delimiters),
     then the first 130,072 ranks of the tiktoken vocabulary, as mistral-common's
     ``Tekkenizer`` numbers them. Only the named control tokens are listed in
     ``all_special_tokens`` (the fillers are special tokens all the same)."""
@@ -799,7 +832,7 @@ def _mistral_tokenizer(controls: dict[int, str] | None = None) -> PreTrainedToke
     leading = [_AddedToken(token) for token in ranked]
     size = config["default_vocab_size"] - count
     key = {
-        "name": "mistral" if not controls else "mistral_v11",
+        "name": name,
         "package": version("mistral-common"),
         "resource": _MISTRAL_TEKKEN,
         "pattern": config["pattern"],
@@ -958,7 +991,9 @@ def _build(name: str) -> PreTrainedTokenizerFast:
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     if name == "mistral_v13":
-        return _with_template(_mistral_tokenizer(MISTRAL_V11_CONTROLS), MISTRAL_V13_TEMPLATE)
+        return _with_template(_mistral_tokenizer(name, MISTRAL_V11_CONTROLS), MISTRAL_V13_TEMPLATE)
+    if name == "magistral":
+        return _with_template(_mistral_tokenizer(name, MAGISTRAL_CONTROLS), MAGISTRAL_TEMPLATE)
     if name == "gpt_oss":
         return _with_template(_gpt_oss_tokenizer(), GPT_OSS_TEMPLATE)
     raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
@@ -1059,6 +1094,17 @@ FAMILIES: dict[str, ModelFamily] = {
             "with v11+'s [ARGS] and [CALL_ID] named at ranks 32 and 33; chat template written "
             "for agentrl (Apache-2.0) after mistral-common's v13 instruct encoder, whose ids "
             "it reproduces",
+        ),
+        ModelFamily(
+            name="magistral",
+            tool_parser="mistral",
+            reasoning_parser="mistral",
+            tools_in_system_prompt=False,
+            source="Mistral NeMo's tekken vocabulary and control tokens from `mistral-common` "
+            f"(PyPI, Apache-2.0, by Mistral AI; installed with vLLM), `{_MISTRAL_TEKKEN}`, "
+            "with [ARGS], [CALL_ID], [THINK] and [/THINK] named at ranks 32-35; chat template "
+            "written for agentrl (Apache-2.0) after mistral-common's v13 instruct encoder with "
+            "thinking chunks, whose ids it reproduces",
         ),
         ModelFamily(
             name="gpt_oss",

@@ -14,8 +14,8 @@ Each family starts its own replicas, gateway and workers (about a minute on 2 co
 the default suite runs two families that between them cover both tool placements and
 reasoning: SmolLM2 (tools in the system prompt, the built-in Hermes parser) and Qwen3
 (the template's `tools=`, vLLM's Hermes and Qwen3 reasoning parsers). The random-
-conversation property covers all eight in the unit suite;
-`AGENTRL_E2E_FAMILIES=all` runs this test for all eight too.
+conversation property covers all nine in the unit suite;
+`AGENTRL_E2E_FAMILIES=all` runs this test for all nine too.
 """
 
 from __future__ import annotations

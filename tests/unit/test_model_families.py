@@ -188,7 +188,7 @@ def request_with_tools():
 def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
-        *("mistral_v13", "gpt_oss"),
+        *("mistral_v13", "magistral", "gpt_oss"),
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -220,6 +220,11 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
             *("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
             *("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+        ],
+        "magistral": [
+            *("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+            *("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+            *("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[THINK]", "[/THINK]"),
         ],
         "gpt_oss": [
             *("<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|end|>"),
@@ -375,13 +380,13 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
         generated = turn_ids[: turn_ids.index(tokenizer.eos_token_id)]
         # Mistral's [TOOL_CALLS] is a control token: vLLM keeps special tokens for its
         # parser (MistralParser.adjust_request), as agentrl's loops and gateway always do.
-        mistral = name.startswith("mistral")
+        mistral = fam.tool_parser == "mistral"
         for skip_special_tokens in (False,) if mistral else (False, True):
             text = tokenizer.decode(generated, skip_special_tokens=skip_special_tokens)
             content = text
             if reasoning_parser is not None:
                 reasoning, content = reasoning_parser.extract_reasoning(text, request_with_tools)
-                assert reasoning == f"\n{message.get('reasoning_content') or ''}\n"
+                assert reasoning == _parsed_reasoning(fam, message)
             parsed = tool_parser.extract_tool_calls(content or "", request_with_tools)
             expected = [
                 (call["function"]["name"], call["function"]["arguments"])
@@ -392,6 +397,16 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
             assert parsed.tools_called == bool(expected)
             if not fam.tools_in_system_prompt:  # (there, content holds the calls)
                 assert (parsed.content or "").strip() == message["content"]
+
+
+def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
+    """The reasoning ``fam``'s parser returns for an assistant message: ``<think>``
+    templates write it with one newline each side, which the parsers keep (an empty block
+    gives two newlines); Magistral's ``[THINK]`` has none, and no block when empty."""
+    reasoning = message.get("reasoning_content") or ""
+    if fam.reasoning_parser == "mistral":
+        return reasoning or None
+    return f"\n{reasoning}\n"
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "deepseek_r1"])
@@ -433,10 +448,11 @@ def _tekken_path():
 
 
 @functools.cache
-def _mistral_common_v13():
+def _mistral_common_v13(name: str = "mistral_v13"):
     """mistral-common's v13 instruct tokenizer on the same tekken vocabulary, its control
-    tokens named as in v11+ tekken files (the file is v3 and lists none, so mistral-common
-    cannot load it as v13 by itself); finetuning mode."""
+    tokens named as family ``name``'s tokenizer names them (as in v11+ tekken files: the
+    file is v3 and lists none, so mistral-common cannot load it as v13 by itself);
+    finetuning mode."""
     from mistral_common.protocol.instruct.normalize import get_normalizer
     from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
     from mistral_common.tokens.tokenizers.base import TokenizerVersion
@@ -444,7 +460,9 @@ def _mistral_common_v13():
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
     from mistral_common.tokens.tokenizers.tekken import SpecialTokenInfo, Tekkenizer
 
-    from agentrl.testing.families import MISTRAL_V11_CONTROLS
+    from agentrl.testing.families import MAGISTRAL_CONTROLS, MISTRAL_V11_CONTROLS
+
+    controls = MAGISTRAL_CONTROLS if name == "magistral" else MISTRAL_V11_CONTROLS
 
     data = json.loads(_tekken_path().read_text())
     config = data["config"]
@@ -452,7 +470,7 @@ def _mistral_common_v13():
     specials += [
         SpecialTokenInfo(
             rank=i,
-            token_str=MISTRAL_V11_CONTROLS.get(i, Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i)),
+            token_str=controls.get(i, Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i)),
             is_control=True,
         )
         for i in range(len(specials), config["default_num_special_tokens"])
@@ -515,7 +533,8 @@ def _mistral_common_ids(
 
     openai = []
     for message in messages:
-        out = {k: message[k] for k in ("role", "content", "tool_call_id") if k in message}
+        keys = ("role", "content", "tool_call_id", "reasoning_content")
+        out = {k: message[k] for k in keys if k in message}
         if message.get("tool_calls"):
             out["content"] = message["content"] or None
             out["tool_calls"] = [
@@ -535,14 +554,17 @@ def _mistral_common_ids(
 
 
 def _with_call_ids(
-    conversation: list[dict[str, Any]], content_beside_calls: bool = False
+    conversation: list[dict[str, Any]], content_beside_calls: bool = False, reasoning: bool = False
 ) -> list[dict[str, Any]]:
     """``conversation`` as mistral-common takes it: 9-character call ids, each result
-    answering its call, and unless ``content_beside_calls`` (v11+) no content beside calls
-    (v3 refuses both in one turn)."""
+    answering its call, unless ``content_beside_calls`` (v11+) no content beside calls
+    (v3 refuses both in one turn), and unless ``reasoning`` (Magistral) no reasoning.
+    Empty reasoning is dropped: the template writes no think block for it."""
     messages, pending, count = [], [], 0
     for message in conversation:
-        message = {k: v for k, v in message.items() if k != "reasoning_content"}
+        message = {
+            k: v for k, v in message.items() if k != "reasoning_content" or (reasoning and v)
+        }
         if message.get("tool_calls"):
             if not content_beside_calls:
                 message["content"] = ""
@@ -623,10 +645,14 @@ def test_mistral_tools_and_system_prompt_move_to_the_last_user_message():
 # --- Mistral v13: mistral-common's v13 encoder on the same vocabulary ---------------------
 
 
-def test_mistral_v13_control_tokens_have_mistral_common_ids():
-    fam = family("mistral_v13")
+V13_FAMILIES = ["mistral_v13", "magistral"]
+
+
+@pytest.mark.parametrize("name", V13_FAMILIES)
+def test_mistral_v13_control_tokens_have_mistral_common_ids(name):
+    fam = family(name)
     tokenizer = fam.tokenizer()
-    tekken = _mistral_common_v13().instruct_tokenizer.tokenizer
+    tekken = _mistral_common_v13(name).instruct_tokenizer.tokenizer
     assert tekken.version.value == "v13" and tekken.n_words == len(tokenizer)
     for token_id in range(tekken.num_special_tokens):
         token = tekken.id_to_piece(token_id)
@@ -638,22 +664,25 @@ def test_mistral_v13_control_tokens_have_mistral_common_ids():
         assert _ids(fam, text) == _ids(family("mistral"), text), text
 
 
-def test_mistral_v13_template_renders_the_ids_of_mistral_commons_encoder():
+@pytest.mark.parametrize("name", V13_FAMILIES)
+def test_mistral_v13_template_renders_the_ids_of_mistral_commons_encoder(name):
     """The template's ids equal mistral-common's v13 ``encode_chat_completion`` on the fixed
     conversations and on random ones: tools, system prompt, parallel calls with content
     beside them, results that are JSON, empty, unicode or multi-line (v13 writes results
-    verbatim, so JSON-looking ones are compared too)."""
+    verbatim, so JSON-looking ones are compared too); Magistral's with reasoning in every
+    turn (mistral-common takes it as ``reasoning_content``)."""
     from agentrl.testing.fidelity import TOOL_SCHEMAS, FamilyRendering, random_conversation
 
-    fam = family("mistral_v13")
-    reference = _mistral_common_v13()
-    conversations = [_with_call_ids(c, True) for c in CONVERSATIONS.values()]
+    fam = family(name)
+    thinks = fam.reasoning_parser is not None
+    reference = _mistral_common_v13(name)
+    conversations = [_with_call_ids(c, True, thinks) for c in CONVERSATIONS.values()]
     rendering = FamilyRendering(fam.tokenizer(), fam.tools_in_system_prompt)
     rng = random.Random(13)
     while len(conversations) < 60 + len(CONVERSATIONS):
-        conversation = random_conversation(rng, ["no control tokens"], reasoning=False)
+        conversation = random_conversation(rng, ["no control tokens"], reasoning=thinks)
         messages, _ = rendering.reference(conversation)
-        conversations.append(_with_call_ids(messages, True))
+        conversations.append(_with_call_ids(messages, True, thinks))
     controls = fam.tokenizer().all_special_tokens
     compared = json_results = 0
     for messages in conversations:
@@ -665,6 +694,41 @@ def test_mistral_v13_template_renders_the_ids_of_mistral_commons_encoder():
         compared += 1
         json_results += any(m["role"] == "tool" and _parses_as_json(m["content"]) for m in messages)
     assert compared >= 40 and json_results >= 5
+    if thinks:
+        assert sum(any(m.get("reasoning_content") for m in c) for c in conversations) >= 40
+
+
+def test_magistral_writes_reasoning_between_think_tokens_and_the_parsers_split_it(
+    request_with_tools,
+):
+    """``[THINK]reasoning[/THINK]`` then the answer verbatim (trailing spaces kept, as
+    mistral-common keeps them after reasoning), no block for empty reasoning; vLLM's
+    ``mistral`` reasoning parser splits the turn back, and the tool parser reads the calls
+    after it."""
+    fam = family("magistral")
+    messages = [
+        _user("Add 1 and 2."),
+        _assistant("Adding.", reasoning="Use the tool.", calls=[_call("add", a=1, b=2)]),
+        _tool("3"),
+        _assistant("3  ", reasoning="The tool said 3."),
+        _user("Thanks."),
+        _assistant("You're welcome. ", reasoning=""),
+    ]
+    text = _render(fam, messages, prompt=False)
+    assert (
+        "[INST]Add 1 and 2.[/INST][THINK]Use the tool.[/THINK]Adding.[TOOL_CALLS]add[ARGS]" in text
+    )
+    assert "[/TOOL_RESULTS][THINK]The tool said 3.[/THINK]3  </s>" in text
+    assert text.endswith("[INST]Thanks.[/INST]You're welcome.</s>")
+    tool_parser, reasoning_parser = _parsers(fam)
+    turn = '[THINK]Use the tool.[/THINK]Adding.[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}'
+    reasoning, content = reasoning_parser.extract_reasoning(turn, request_with_tools)
+    assert reasoning == "Use the tool."
+    parsed = tool_parser.extract_tool_calls(content, request_with_tools)
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in parsed.tool_calls] == [
+        ("add", {"a": 1, "b": 2})
+    ]
+    assert parsed.content == "Adding."
 
 
 def test_mistral_v13_writes_each_call_after_args_and_only_appends():
