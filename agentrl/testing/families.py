@@ -312,17 +312,8 @@ DEEPSEEK_R1_TEMPLATE = (
 ``<think>``; assistant turns after the last user message keep their (possibly empty)
 reasoning, earlier ones drop it; calls and outputs in DeepSeek's tool tokens."""
 
-# Mistral's v3 instruct format (mistral-common's ``InstructTokenizerV3``, the tekken
-# tokenizer of Mistral NeMo): no generation prompt (the model writes right after
-# ``[/INST]`` or ``[/TOOL_RESULTS]``); the tool list and the system prompt go with the
-# last user message, so everything after it only appends.
-MISTRAL_TEMPLATE = (
-    _PREAMBLE
-    + """
-{{- '<s>' }}
-{%- for message in messages %}
-    {%- if message.role == 'user' %}
-        {%- if loop.index0 == ns.last_user and tools %}
+# The tool list as every Mistral format writes it: a JSON list of OpenAI function tools.
+_MISTRAL_TOOLS = """
             {{- '[AVAILABLE_TOOLS][' }}
             {%- for tool in tools %}
                 {%- set fn = tool.function if tool.function is defined else tool %}
@@ -332,6 +323,21 @@ MISTRAL_TEMPLATE = (
                 {{- ', "parameters": ' + ((fn.parameters or {}) | tojson) + '}}' }}
             {%- endfor %}
             {{- '][/AVAILABLE_TOOLS]' }}
+"""
+
+# Mistral's v3 instruct format (mistral-common's ``InstructTokenizerV3``, the tekken
+# tokenizer of Mistral NeMo): no generation prompt (the model writes right after
+# ``[/INST]`` or ``[/TOOL_RESULTS]``); the tool list and the system prompt go with the
+# last user message, so everything after it only appends.
+MISTRAL_TEMPLATE = (
+    (
+        _PREAMBLE
+        + """
+{{- '<s>' }}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- if loop.index0 == ns.last_user and tools %}
+            MISTRAL_TOOLS
         {%- endif %}
         {{- '[INST]' }}
         {%- if loop.index0 == ns.last_user and system %}{{- system + '\\n\\n' }}{%- endif %}
@@ -365,7 +371,10 @@ MISTRAL_TEMPLATE = (
     {%- endif %}
 {%- endfor %}
 """
-).strip()
+    )
+    .replace("MISTRAL_TOOLS", _MISTRAL_TOOLS.strip())
+    .strip()
+)
 """Mistral's v3 format, as mistral-common's encoder writes it: ``<s>``, earlier users as
 ``[INST]...[/INST]``, then ``[AVAILABLE_TOOLS]`` (the tool list as JSON) and the system
 prompt before the last user message; calls as ``[TOOL_CALLS]`` and a JSON list of
@@ -401,15 +410,7 @@ _MISTRAL_V13_TURNS = """
         {{- '[SYSTEM_PROMPT]' + message.content + '[/SYSTEM_PROMPT]' }}
     {%- elif message.role == 'user' %}
         {%- if loop.index0 == ns.first_user and tools %}
-            {{- '[AVAILABLE_TOOLS][' }}
-            {%- for tool in tools %}
-                {%- set fn = tool.function if tool.function is defined else tool %}
-                {%- if not loop.first %}{{- ', ' }}{%- endif %}
-                {{- '{"type": "function", "function": {"name": ' + (fn.name | tojson) }}
-                {{- ', "description": ' + ((fn.description or '') | tojson) }}
-                {{- ', "parameters": ' + ((fn.parameters or {}) | tojson) + '}}' }}
-            {%- endfor %}
-            {{- '][/AVAILABLE_TOOLS]' }}
+            MISTRAL_TOOLS
         {%- endif %}
         {{- '[INST]' + message.content + '[/INST]' }}
     {%- elif message.role == 'assistant' %}
@@ -426,7 +427,7 @@ _MISTRAL_V13_TURNS = """
         {{- raise_exception('unexpected message role: ' + message.role) }}
     {%- endif %}
 {%- endfor %}
-"""
+""".replace("MISTRAL_TOOLS", _MISTRAL_TOOLS.strip())
 
 MISTRAL_V13_TEMPLATE = _MISTRAL_V13_TURNS.replace(
     "ASSISTANT_TEXT", "{%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}"
