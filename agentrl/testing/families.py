@@ -323,7 +323,7 @@ _MISTRAL_TOOLS = """
                 {{- ', "parameters": ' + ((fn.parameters or {}) | tojson) + '}}' }}
             {%- endfor %}
             {{- '][/AVAILABLE_TOOLS]' }}
-"""
+""".strip()
 
 # Mistral's v3 instruct format (mistral-common's ``InstructTokenizerV3``, the tekken
 # tokenizer of Mistral NeMo): no generation prompt (the model writes right after
@@ -372,7 +372,7 @@ MISTRAL_TEMPLATE = (
 {%- endfor %}
 """
     )
-    .replace("MISTRAL_TOOLS", _MISTRAL_TOOLS.strip())
+    .replace("MISTRAL_TOOLS", _MISTRAL_TOOLS)
     .strip()
 )
 """Mistral's v3 format, as mistral-common's encoder writes it: ``<s>``, earlier users as
@@ -427,7 +427,7 @@ _MISTRAL_V13_TURNS = """
         {{- raise_exception('unexpected message role: ' + message.role) }}
     {%- endif %}
 {%- endfor %}
-""".replace("MISTRAL_TOOLS", _MISTRAL_TOOLS.strip())
+""".replace("MISTRAL_TOOLS", _MISTRAL_TOOLS)
 
 MISTRAL_V13_TEMPLATE = _MISTRAL_V13_TURNS.replace(
     "ASSISTANT_TEXT", "{%- if message.content %}{{- message.content.rstrip(' ') }}{%- endif %}"
