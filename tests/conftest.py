@@ -14,6 +14,10 @@ from agentrl.local_env import use_local_defaults
 
 use_local_defaults(Path(__file__).resolve().parents[1] / ".cache")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# A new local Ray node waits 30 s for its GCS to write its port file; on a loaded 2-core
+# CI machine (the previous module's engine processes still exiting) that wait ran out and
+# failed a whole module. Ray reads this knob at every local start, subprocesses included.
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
 
 
 @pytest.fixture(scope="session")
