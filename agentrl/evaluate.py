@@ -64,7 +64,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
     """``cfg`` for an evaluation of ``checkpoint``: own work dir, no resume, and no
-    reference or critic model (validation uses neither)."""
+    reference or critic model (validation uses neither), whatever the estimator."""
     if not cfg.data.val_files:
         raise ConfigError(
             "eval needs validation data: set data.val_files (e.g. data.val_files=[val.jsonl])"
@@ -74,8 +74,9 @@ def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
     cfg.trainer.resume = False
     cfg.algorithm.kl.use_kl_loss = False
     cfg.algorithm.kl.use_kl_in_reward = False
-    if cfg.algorithm.adv_estimator == "gae":
-        cfg.algorithm.adv_estimator = "grpo"  # validation needs no critic: start none
+    # Validation computes no advantages: no critic to start (GAE), no inputs the trainer
+    # lacks (ReMax's greedy baselines) to refuse a checkpoint over.
+    cfg.algorithm.adv_estimator = "grpo"
     return cfg
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +26,7 @@ from agentrl.core.types import INITIAL_WEIGHT_VERSION, SamplingParams
 from agentrl.data.dataset import build_dataset
 from agentrl.data.loader import RowLoader
 from agentrl.placement import rollout_actor_resources
-from agentrl.preflight import check_inputs
+from agentrl.preflight import check_algorithm, check_inputs
 from agentrl.reward.manager import RewardManager
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult, make_requests
 from agentrl.rollout.manager import AgentLoopManager
@@ -89,6 +89,13 @@ class Trainer:
         self.ref: ReferenceGroup | None = None
         self.critic: CriticGroup | None = None
         self.kl_controller: KLController | None = None
+        # What setup() has started so far, so that shutdown() stops only that.
+        self.manager: AgentLoopManager | None = None
+        self.rewards: RewardManager | None = None
+        self.tracker: MetricsLogger | None = None
+        self.audit: RowAudit | None = None
+        self._servers_started = False
+        self._gateway_started = False
 
     # -- setup -------------------------------------------------------------------------
 
@@ -100,12 +107,19 @@ class Trainer:
             ResumeMismatch: the run directory holds another run's checkpoint.
             RunFinished: its last checkpoint is at ``trainer.total_steps``.
             Both before anything starts (``agentrl.trainer.resume``).
-            MissingInputs: a data file, the model directory, the tool or reward file
-                does not exist; also before anything starts (``agentrl.preflight``).
+            MissingInputs: a data file, the model directory, the critic's checkpoint, the
+                tool or reward file does not exist; also before anything starts
+                (``agentrl.preflight``).
+            UnsupportedAlgorithm: an advantage estimator or loss mode that is not
+                registered, or one the trainer cannot feed; before anything starts.
+
+        Any other failure stops what had started (servers, gateway, workers) before it
+        propagates, so a failed setup leaves no Serve application holding its devices.
         """
         self.cfg = cfg = resolve_user_config(self.cfg)
         checkpoint = check_resume(cfg)  # before the run directory's config is replaced
         check_inputs(cfg, [*cfg.data.train_files, *cfg.data.val_files])
+        check_algorithm(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
@@ -116,16 +130,22 @@ class Trainer:
         )
         self.loader = self._row_loader()
         init_ray(cfg.ray)
+        try:
+            self._start(checkpoint)
+        except BaseException:
+            for failure in self._stop_started():
+                logger.error("stopping after a failed setup: %r", failure)
+            raise
+
+    def _start(self, checkpoint: Path | None) -> None:
+        """Everything ``setup`` starts on Ray, in order; ``_stop_started`` undoes it."""
+        cfg = self.cfg
         # The replicas and the training ranks start at once: a vLLM replica imports vLLM
         # in three processes one after the other, which alone leaves a core idle.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-start") as pool:
             rollout_start = pool.submit(self._start_rollout_servers)
             self._start_training_workers()  # on failure, raises once the servers are up
-        try:
-            self.client = rollout_start.result()
-        except BaseException:
-            self._stop_training_workers()
-            raise
+        self.client = rollout_start.result()
         self.manager = AgentLoopManager(cfg)
         kl = cfg.algorithm.kl
         self.kl_controller = kl.make_controller() if kl.use_kl_in_reward else None
@@ -143,10 +163,12 @@ class Trainer:
     def _start_rollout_servers(self) -> ServerClient:
         """The rollout replicas, and the gateway in front of them when enabled."""
         cfg = self.cfg
+        self._servers_started = True  # a deployment that fails half-way is deleted too
         client = start_rollout_servers(
             cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
         )
         if cfg.gateway.enabled:  # external agents (agent_name: external) call it
+            self._gateway_started = True
             start_gateway(cfg.gateway, cfg.model, cfg.server)
         return client
 
@@ -195,15 +217,38 @@ class Trainer:
         )
 
     def shutdown(self) -> None:
-        """Stop every worker and the rollout servers."""
-        self.audit.close()
-        self.tracker.close()
-        self.rewards.close()
-        self.manager.shutdown()
-        self._stop_training_workers()
-        if self.cfg.gateway.enabled:
-            stop_gateway(self.cfg.gateway)
-        stop_rollout_servers(self.cfg.server)
+        """Stop every worker and the rollout servers. Every stop is tried; the first
+        that failed is raised after the rest (the others are logged)."""
+        failures = self._stop_started()
+        for failure in failures[1:]:
+            logger.error("stopping: %r", failure)
+        if failures:
+            raise failures[0]
+
+    def _stop_started(self) -> list[Exception]:
+        """Stop, in order, what ``setup`` has started (all of it after a full setup);
+        returns the stops that failed."""
+        cfg = self.cfg
+        stops: list[Callable[[], object]] = [
+            part.close for part in (self.audit, self.tracker, self.rewards) if part is not None
+        ]
+        if self.manager is not None:
+            stops.append(self.manager.shutdown)
+        stops.append(self._stop_training_workers)
+        if self._gateway_started:
+            stops.append(lambda: stop_gateway(cfg.gateway))
+        if self._servers_started:
+            stops.append(lambda: stop_rollout_servers(cfg.server))
+        failures = []
+        for stop in stops:
+            try:
+                stop()
+            except Exception as failure:  # the next stop must still run
+                failures.append(failure)
+        self.audit = self.tracker = self.rewards = self.manager = None
+        self.actor = self.ref = self.critic = None
+        self._gateway_started = self._servers_started = False
+        return failures
 
     # -- the loop ----------------------------------------------------------------------
 

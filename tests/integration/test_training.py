@@ -52,6 +52,34 @@ async def test_grpo_run_raises_the_toy_reward(tiny_checkpoint, tmp_path_factory,
     assert (run / "checkpoints" / "step_10").exists()
 
 
+def test_a_setup_that_fails_stops_the_servers_and_ranks_it_started(
+    tiny_checkpoint, tmp_path_factory, ray_session
+):
+    """A critic checkpoint that exists but cannot load fails once the rollout servers and
+    the actor's ranks are up: setup deletes the rollout application and removes the
+    ranks' placement groups before it raises, so nothing keeps its devices."""
+    from ray.util import placement_group_table
+
+    from agentrl.trainer.group import WorkerGroupError
+
+    tmp = tmp_path_factory.mktemp("failed_setup")
+    (tmp / "not-a-model").mkdir()
+    extra = [
+        "server.engine.backend=hf",
+        "algorithm.adv_estimator=gae",
+        f"workers.critic.model_path={tmp / 'not-a-model'}",
+        "workers.critic.num_cpus_per_worker=0",
+        "workers.actor.num_cpus_per_worker=0.25",  # reserves CPU: placement groups
+    ]
+    cfg = toy_config(tiny_checkpoint, tmp, steps=1, extra=extra)
+    with pytest.raises(WorkerGroupError, match="CriticWorker"):
+        Trainer(cfg).setup()
+    assert cfg.server.name not in serve.status().applications
+    groups = placement_group_table().values()
+    assert any(g["name"].startswith("ActorWorker") for g in groups)  # the actor had them
+    assert {g["state"] for g in groups if g["name"].startswith("ActorWorker")} == {"REMOVED"}
+
+
 async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_critic_and_kl(
     tiny_checkpoint, tmp_path_factory, ray_session
 ):

@@ -1,4 +1,5 @@
-"""A run names the input files it lacks before anything starts (``agentrl.preflight``)."""
+"""A run names the input files it lacks, and refuses an algorithm the trainer cannot run,
+before anything starts (``agentrl.preflight``)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ import logging
 
 import pytest
 
+from agentrl.algos.advantages import register_adv_estimator
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.preflight import MissingInputs, check_inputs, missing_inputs
+from agentrl.preflight import (
+    TRAINER_LACKS,
+    MissingInputs,
+    UnsupportedAlgorithm,
+    check_algorithm,
+    check_inputs,
+    missing_inputs,
+)
 from tests.unit.test_docs_examples import ROOT
 
 
@@ -57,3 +66,60 @@ def test_the_cpu_recipe_without_its_prepared_files_says_what_to_run(
     assert "the comments at the top of recipes/retool/cpu.yaml" in caplog.text
     assert "run_cpu.sh" in (ROOT / "recipes/retool/cpu.yaml").read_text().split("model:")[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_gae_names_a_missing_critic_checkpoint_and_other_estimators_ignore_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    critic = "workers.critic.model_path=./critic"
+    gae = load_config(None, ["algorithm.adv_estimator=gae", critic])
+    assert missing_inputs(gae, []) == ["workers.critic.model_path ./critic"]
+    assert missing_inputs(load_config(None, ["algorithm.adv_estimator=grpo", critic]), []) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.adv_estimator=grpo_typo", r"unknown advantage estimator 'grpo_typo'"),
+        ("algorithm.policy_loss.loss_mode=ppo", r"unknown policy loss 'ppo'"),
+        ("algorithm.adv_estimator=remax", r"remax cannot run in the trainer: .*reward_baselines"),
+    ],
+)
+def test_an_algorithm_the_trainer_cannot_run_is_refused(override, message):
+    with pytest.raises(UnsupportedAlgorithm, match=message):
+        check_algorithm(load_config(None, [override]))
+
+
+def test_every_estimator_registered_by_agentrl_runs_in_the_trainer_but_those_it_lacks():
+    for name in ["grpo", "rloo", "gae", "dr_grpo", "opo", "reinforce_plus_plus"]:
+        check_algorithm(load_config(None, [f"algorithm.adv_estimator={name}"]))
+    assert set(TRAINER_LACKS) == {"remax"}
+
+
+def test_an_estimator_a_plugin_registers_passes(monkeypatch):
+    from agentrl.algos import advantages
+
+    # A copy of the registry, restored after the test.
+    monkeypatch.setattr(advantages, "_REGISTRY", dict(advantages._REGISTRY))
+    register_adv_estimator("mine")(lambda inputs, cfg: None)
+    check_algorithm(load_config(None, ["algorithm.adv_estimator=mine"]))
+
+
+def test_train_with_remax_stops_before_anything_starts(tiny_checkpoint, tmp_path, caplog):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": [{"role": "user", "content": "hi"}]}\n')
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.ERROR, logger="agentrl"):
+        code = main(
+            [
+                "train",
+                f"model.path={tiny_checkpoint}",
+                f"data.train_files=[{train}]",
+                f"trainer.run_dir={run_dir}",
+                "algorithm.adv_estimator=remax",
+            ]
+        )
+    assert code == 2
+    assert "remax cannot run in the trainer" in caplog.text
+    assert not run_dir.exists()  # nor Ray, servers or ranks: setup checks first

@@ -1,12 +1,16 @@
 """``Trainer.setup`` starts the rollout servers and the FSDP ranks at once, and a failure
-of either side leaves no training rank running. Ray, Serve and the ranks are faked: what
-is tested is the order of ``setup`` itself."""
+anywhere in it stops what had started: no training rank, Serve application or agent-loop
+worker outlives a failed setup. ``shutdown`` tries every stop. Ray, Serve, the ranks and
+the workers are faked: what is tested is the order of ``setup`` and ``shutdown``
+themselves."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,7 +40,56 @@ def cfg(tiny_checkpoint, tmp_path):
 def events(monkeypatch):
     log: list[object] = []
     monkeypatch.setattr(trainer_module, "init_ray", lambda ray_cfg: None)
+    monkeypatch.setattr(
+        trainer_module, "stop_rollout_servers", lambda server: log.append("servers down")
+    )
+    monkeypatch.setattr(trainer_module, "stop_gateway", lambda gateway: log.append("gateway down"))
     return log
+
+
+class Part:
+    """A fake started part: its stop is logged, and fails when ``fails``."""
+
+    def __init__(self, events: list[object], name: str, fails: bool = False) -> None:
+        self.events, self.name, self.fails = events, name, fails
+
+    def stop(self) -> None:
+        self.events.append(f"{self.name} down")
+        if self.fails:
+            raise RuntimeError(f"{self.name} would not stop")
+
+    close = shutdown = stop
+
+
+@pytest.fixture
+def fake_parts(events, monkeypatch):
+    """Every part ``setup`` starts, faked; ``failing`` names parts whose stop fails."""
+    failing: set[str] = set()
+
+    def part(name: str):
+        def start(*args, **kwargs) -> Part:
+            events.append(f"{name} up")
+            return Part(events, name, fails=name in failing)
+
+        return start
+
+    monkeypatch.setattr(trainer_module, "ActorGroup", part("ranks"))
+    monkeypatch.setattr(
+        trainer_module,
+        "start_rollout_servers",
+        lambda *args: events.append("servers up") or SimpleNamespace(control=None),
+    )
+    monkeypatch.setattr(trainer_module, "start_gateway", part("gateway"))
+    monkeypatch.setattr(trainer_module, "AgentLoopManager", part("agent loops"))
+    monkeypatch.setattr(
+        trainer_module, "RewardManager", SimpleNamespace(from_config=part("rewards"))
+    )
+    monkeypatch.setattr(trainer_module, "make_weight_sync", lambda *args: object())
+    monkeypatch.setattr(
+        trainer_module, "MetricsLogger", SimpleNamespace(from_config=part("tracker"))
+    )
+    monkeypatch.setattr(trainer_module, "RowAudit", part("audit"))
+    return failing
 
 
 def test_servers_start_beside_the_ranks_and_a_server_failure_stops_the_ranks(
@@ -61,7 +114,14 @@ def test_servers_start_beside_the_ranks_and_a_server_failure_stops_the_ranks(
     monkeypatch.setattr(trainer_module, "start_rollout_servers", servers_that_fail)
     with pytest.raises(DeploymentError, match="engine failed"):
         trainer_module.Trainer(cfg).setup()
-    assert events == ["ranks up", ("servers saw the ranks start", True), "ranks down"]
+    # The rollout application is deleted too: a deployment that failed half-way may
+    # have left replicas holding their devices.
+    assert events == [
+        "ranks up",
+        ("servers saw the ranks start", True),
+        "ranks down",
+        "servers down",
+    ]
 
 
 def test_a_rank_failure_is_raised_once_the_servers_have_started(cfg, events, monkeypatch):
@@ -78,5 +138,69 @@ def test_a_rank_failure_is_raised_once_the_servers_have_started(cfg, events, mon
     monkeypatch.setattr(trainer_module, "start_rollout_servers", slow_servers)
     with pytest.raises(WorkerGroupError, match="a rank failed"):
         trainer_module.Trainer(cfg).setup()
-    # Not abandoned half-started: the servers' start ran to its end first.
-    assert events == ["servers up"]
+    # Not abandoned half-started: the servers' start ran to its end first, then stopped.
+    assert events == ["servers up", "servers down"]
+
+
+def test_a_late_failure_stops_everything_started_in_reverse_dependency_order(
+    cfg, events, fake_parts, monkeypatch
+):
+    cfg.gateway.enabled = True
+
+    def tracker_that_fails(*args, **kwargs):
+        raise OSError("run directory is read-only")
+
+    monkeypatch.setattr(
+        trainer_module, "MetricsLogger", SimpleNamespace(from_config=tracker_that_fails)
+    )
+    trainer = trainer_module.Trainer(cfg)
+    with pytest.raises(OSError, match="read-only"):
+        trainer.setup()
+    started = ["ranks up", "servers up", "gateway up", "agent loops up", "rewards up"]
+    assert sorted(events[:3]) == sorted(started[:3])  # servers and ranks start at once
+    assert events[3:] == [
+        *started[3:],
+        "rewards down",
+        "agent loops down",
+        "ranks down",
+        "gateway down",
+        "servers down",
+    ]
+    events.clear()
+    trainer.shutdown()  # a second stop (a caller's finally) finds nothing left to stop
+    assert events == []
+
+
+def test_a_stop_that_fails_is_logged_and_the_setup_error_raised(
+    cfg, events, fake_parts, monkeypatch, caplog
+):
+    fake_parts.add("agent loops")
+
+    def rewards_that_fail(*args, **kwargs):
+        raise ValueError("reward.reward_fn_path: no compute_score")
+
+    monkeypatch.setattr(
+        trainer_module, "RewardManager", SimpleNamespace(from_config=rewards_that_fail)
+    )
+    with caplog.at_level(logging.ERROR), pytest.raises(ValueError, match="no compute_score"):
+        trainer_module.Trainer(cfg).setup()
+    assert events[-3:] == ["agent loops down", "ranks down", "servers down"]
+    assert "agent loops would not stop" in caplog.text
+
+
+def test_shutdown_tries_every_stop_and_raises_the_first_failure(cfg, events, fake_parts, caplog):
+    fake_parts.update({"tracker", "ranks"})
+    trainer = trainer_module.Trainer(cfg)
+    trainer.setup()
+    events.clear()
+    with caplog.at_level(logging.ERROR), pytest.raises(RuntimeError, match="tracker would"):
+        trainer.shutdown()
+    assert events == [
+        "audit down",
+        "tracker down",
+        "rewards down",
+        "agent loops down",
+        "ranks down",
+        "servers down",
+    ]
+    assert "ranks would not stop" in caplog.text
