@@ -84,7 +84,7 @@ class ToolAgentLoop(AgentLoopBase):
                 if reasoning_parser is not None:
                     reasoning, text = reasoning_parser.split(text)
                 if messages is not None:
-                    messages.append(assistant_message(text, reasoning))
+                    messages.append(parser.turn_message(text, reasoning))
 
                 if out.finish_reason == "abort":
                     return "aborted"
@@ -125,16 +125,6 @@ class ToolAgentLoop(AgentLoopBase):
                 metrics["tool_time_s"] = tool_time
             if call_counts:
                 metrics.update(_call_metrics(call_counts))
-
-
-def assistant_message(content: str, reasoning: str | None) -> dict[str, Any]:
-    """A model turn as a chat message: its content verbatim (tool-call blocks included,
-    so a template that echoes content renders exactly what the model sampled) and its
-    reasoning, if it wrote any, as ``reasoning_content``."""
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    return message
 
 
 def _call_metrics(counts: dict[tuple[str, str], int]) -> dict[str, int]:

@@ -53,7 +53,7 @@ MEASURED = [
 ]
 
 
-COUNTS = ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches")
+COUNTS = ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches", "drift_reports")
 SUMMED = ("conversations", "assistant_turns", "tool_calls", *COUNTS, "failed_conversations")
 """What a family's row sums over its work units."""
 CHUNK = 250
@@ -169,9 +169,9 @@ def main() -> None:
     wall = time.perf_counter() - wall
 
     table = Table(title="Template fidelity: random conversations through loop and gateway")
-    for column in ("family", "parsers", "conversations", "tool calls", "drifted tokens"):
+    for column in ("family", "parsers", "conversations", "tool calls"):
         table.add_column(column)
-    for column in ("unparsed calls", "mask errors", "gateway mismatches", "check s"):
+    for column in (*(count.replace("_", " ") for count in COUNTS), "check s"):
         table.add_column(column)
     for row in rows:
         parsers = row["tool_parser"] + (
@@ -182,10 +182,7 @@ def main() -> None:
             parsers,
             str(row["conversations"]),
             str(row["tool_calls"]),
-            str(row["drifted_tokens"]),
-            str(row["unparsed_calls"]),
-            str(row["mask_errors"]),
-            str(row["gateway_mismatches"]),
+            *(str(row[count]) for count in COUNTS),
             str(row["seconds"]),
         )
     Console(width=150).print(table)  # a log file or pipe gets the whole table too
@@ -197,10 +194,7 @@ def main() -> None:
         "conversations_per_family": args.conversations,
         "workers": args.workers,
         "wall_seconds": round(wall, 1),
-        "drifted_tokens": sum(r["drifted_tokens"] for r in rows),
-        "unparsed_calls": sum(r["unparsed_calls"] for r in rows),
-        "mask_errors": sum(r["mask_errors"] for r in rows),
-        "gateway_mismatches": sum(r["gateway_mismatches"] for r in rows),
+        **{count: sum(r[count] for r in rows) for count in COUNTS},
         "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")

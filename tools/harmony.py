@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from agentrl.tools.parsers import ParsedTurn, ToolCallParser, register_tool_parser
 from agentrl.tools.reasoning import ReasoningParser, ReasoningSplit, register_reasoning_parser
@@ -117,6 +118,31 @@ class HarmonyToolParser(ToolCallParser):
             self._add_call(name, message.body, index, turn)
         turn.content = "\n".join(part.strip() for part in content if part.strip())
         return turn
+
+    def turn_message(self, text: str, reasoning: str | None) -> dict[str, Any]:
+        """A turn with calls as an OpenAI message: the other messages' text as
+        ``content`` (a ``commentary`` preamble), each call in ``tool_calls`` with its
+        arguments as the model wrote them. The Harmony template writes calls only from
+        ``tool_calls`` (content becomes a ``final`` message), so a re-render of the
+        verbatim text would not be the turn the model sampled. A turn without calls, or
+        with a call to something other than a function, is kept verbatim."""
+        content: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for message in split_messages(text):
+            recipient = message.recipient
+            if recipient is None:
+                content.append(message.body)
+            elif recipient.startswith(_FUNCTIONS) and recipient != _FUNCTIONS:
+                function = {"name": recipient.removeprefix(_FUNCTIONS), "arguments": message.body}
+                calls.append({"type": "function", "function": function})
+            else:
+                calls = []
+                break
+        if not calls:
+            return super().turn_message(text, reasoning)
+        kept = super().turn_message("".join(content), reasoning)
+        kept["tool_calls"] = calls
+        return kept
 
     @staticmethod
     def _add_call(name: str, body: str, index: int, turn: ParsedTurn) -> None:

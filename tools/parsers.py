@@ -56,6 +56,17 @@ class ToolCallParser(ABC):
     def parse(self, text: str) -> ParsedTurn:
         """Split ``text`` (the new turn only) into content, calls and errors."""
 
+    def turn_message(self, text: str, reasoning: str | None) -> dict[str, Any]:
+        """The turn as the chat message the loop keeps (``rollout.keep_messages``, the
+        drift check): ``text`` (the turn after its reasoning) verbatim, call blocks
+        included, so a template that echoes an assistant's content renders exactly what
+        the model sampled, and the reasoning, if any, as ``reasoning_content``. A format
+        whose template writes calls only from ``tool_calls`` overrides this."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        return message
+
 
 _PARSERS: dict[str, type[ToolCallParser]] = {}
 

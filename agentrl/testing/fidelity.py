@@ -9,6 +9,8 @@ template samples it). Each run checks that
 
 - the trajectory's ids equal the template's render of the whole conversation, token for
   token (``drifted_tokens`` counts the ids from the first difference on);
+- the loop's own drift check, run on every episode, finds that the conversation it kept
+  as messages re-renders to its ids (``drift_reports``: episodes it reported drift for);
 - the mask is 1 exactly on the engine's tokens (``mask_errors``);
 - the parser recovered every call the scripted model made, with its arguments
   (``unparsed_calls``);
@@ -217,6 +219,7 @@ class FidelityReport:
     mask_errors: int = 0
     unparsed_calls: int = 0
     gateway_mismatches: int = 0
+    drift_reports: int = 0
     detail: list[str] = field(default_factory=list)
 
     @property
@@ -226,6 +229,7 @@ class FidelityReport:
             or self.mask_errors
             or self.unparsed_calls
             or self.gateway_mismatches
+            or self.drift_reports
         )
 
 
@@ -421,7 +425,9 @@ class FidelityHarness:
             max_tool_response_length=1 << 20,
             max_assistant_turns=len(outputs) + 1,
             max_user_turns=len(outputs) + 1,
-            drift_check_rate=0.0,
+            # Every episode: the conversation the loop keeps as messages must re-render
+            # to its own ids, or the drift check would report drift that is not there.
+            drift_check_rate=1.0,
         )
         context = AgentLoopContext(
             client=self.engine,
@@ -437,6 +443,9 @@ class FidelityHarness:
             {"prompt": conversation.prompt}, SamplingParams(max_tokens=1 << 16)
         )
         ids = out.prompt_ids + out.response_ids
+        if out.metrics.get("tokenization_drift"):
+            report.drift_reports = 1
+            report.detail.append("the loop's drift check re-rendered its messages differently")
         first = _first_difference(ids, reference)
         if first is not None:
             report.drifted_tokens = len(ids) - first
