@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,8 +53,10 @@ class ChatRenderer:
     the event loop; the rest go to the template thread.
 
     ``stop_tokens``: tokens besides eos that end a model turn (the tool-call format's
-    ``end_of_turn_tokens``: Harmony's ``<|call|>``); a turn ending with any of them is
-    finished, and the template's own end-of-turn text is not written again after it.
+    ``end_of_turn_tokens``, Harmony's ``<|call|>``; the model's generation-config stop
+    tokens, GLM's ``<|observation|>``); a turn ending with any of them is finished, and the
+    template's own end-of-turn text (or the next turn's opening stop token) is not written
+    again after it.
     """
 
     def __init__(
@@ -82,6 +84,12 @@ class ChatRenderer:
         self.stop_token_ids: frozenset[int] = frozenset(
             i for i in (self.eos_token_id, *extra_ids) if i is not None
         )
+
+    def ends_turn(self, token_ids: Sequence[int]) -> bool:
+        """Whether a model turn's ``token_ids`` end with one of ``stop_token_ids`` (eos,
+        the format's and the model's other stop tokens): ``encode_delta``'s second
+        argument."""
+        return bool(token_ids) and token_ids[-1] in self.stop_token_ids
 
     def _with_tools_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return with_tools_system_prompt(messages, self._tools_system_prompt)
@@ -145,20 +153,32 @@ class ChatRenderer:
     ) -> DriftReport:
         """Compare ``accumulated_ids`` with a full render of ``messages``.
 
-        The accumulated ids must be a prefix of the render (the render may add the final
-        turn's trailing newline). A mismatch is logged with its first position.
+        The accumulated ids must be a prefix of the render (see ``first_drift``). A
+        mismatch is logged with its first position.
         """
         rendered = await _off_loop(self._encode_full, messages)
-        first = next(
-            (i for i, (a, b) in enumerate(zip(accumulated_ids, rendered, strict=False)) if a != b),
-            None,
-        )
-        if first is None and len(accumulated_ids) > len(rendered):
-            first = len(rendered)
+        first = first_drift(accumulated_ids, rendered, self.stop_token_ids)
         report = DriftReport(first is not None, first, len(accumulated_ids), len(rendered))
         if first is not None:
             _log_drift(describe_drift(self.tokenizer, accumulated_ids, rendered, first))
         return report
+
+
+def first_drift(
+    accumulated: Sequence[int], rendered: Sequence[int], stop_ids: Collection[int] = ()
+) -> int | None:
+    """The first position where ``accumulated`` is not a prefix of ``rendered``; None if
+    it is one. The render may go on past the last turn (its trailing newline), and the
+    last turn may end with a stop token that the render lacks: a template that writes no
+    end-of-turn text (GLM's) leaves it to the next turn's opening token, at which the
+    model stopped."""
+    first = next(
+        (i for i, (a, b) in enumerate(zip(accumulated, rendered, strict=False)) if a != b), None
+    )
+    if first is None and len(accumulated) > len(rendered):
+        stopped = len(accumulated) == len(rendered) + 1 and accumulated[-1] in stop_ids
+        first = None if stopped else len(rendered)
+    return first
 
 
 _drift_warned = False

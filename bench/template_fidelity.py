@@ -63,12 +63,8 @@ CHUNK = 250
 @functools.cache
 def _harness(name: str) -> tuple[FidelityHarness, list[str]]:
     """The family's harness and special tokens, built once per worker process."""
-    model = family(name)
-    tokenizer = model.tokenizer()
-    harness = FidelityHarness(
-        tokenizer, model.tools_in_system_prompt, model.tool_parser, model.reasoning_parser
-    )
-    return harness, list(tokenizer.all_special_tokens)
+    harness = FidelityHarness.of(family(name))
+    return harness, list(harness.rendering.tokenizer.all_special_tokens)
 
 
 def check_chunk(name: str, chunk: int, count: int, seed: int) -> dict[str, Any]:

@@ -38,6 +38,8 @@ _END_ATTRIBUTE = "tool_call_end_token"
 _KNOWN_MARKERS = {
     "qwen3_coder": ("<tool_call>", "</tool_call>"),
     "qwen3_xml": ("<tool_call>", "</tool_call>"),
+    "glm45": ("<tool_call>", "</tool_call>"),
+    "glm47": ("<tool_call>", "</tool_call>"),
 }
 # Formats whose calls open with no marker of their own: a JSON object starting the turn.
 _BARE_JSON_PARSERS = frozenset({"llama3_json", "llama4_json", "phi4_mini_json"})

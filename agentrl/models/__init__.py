@@ -15,7 +15,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrl.models.tiny import build_tiny_checkpoint
 
@@ -102,3 +102,20 @@ def convert_smollm2(out_dir: Path) -> Path:
     tokenizer.save_pretrained(out_dir)
     (out_dir / ".complete").write_text("ok")
     return out_dir
+
+
+def generation_stop_tokens(path: str, tokenizer: Any) -> tuple[str, ...]:
+    """The tokens besides ``tokenizer``'s eos that end a turn of the model at ``path``:
+    its generation config's ``eos_token_id`` list, at each of which vLLM stops (GLM's
+    ``<|user|>`` and ``<|observation|>``; Llama 3's ``<|eom_id|>``). Empty when the
+    checkpoint has no generation config."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(resolve_model_path(path))
+    except (OSError, ValueError):
+        return ()
+    eos = config.eos_token_id
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i != tokenizer.eos_token_id])
+    return tuple(dict.fromkeys(t for t in tokens if t is not None))

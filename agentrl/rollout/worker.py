@@ -20,7 +20,7 @@ from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.config import RolloutConfig
 from agentrl.agent_loops.registry import get_agent_loop
 from agentrl.core.config import ModelConfig, Section
-from agentrl.models import resolve_model_config
+from agentrl.models import generation_stop_tokens, resolve_model_config
 from agentrl.plugins import import_plugins
 from agentrl.rollout.deadlines import EpisodeDeadlines, EpisodeTimeout
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
@@ -101,7 +101,10 @@ class AgentLoopWorker(EpisodeStreamer):
             template_tools,
             system_prompt,
             fast_path=rollout.template_cache,
-            stop_tokens=parser.end_of_turn_tokens,
+            stop_tokens=(
+                *parser.end_of_turn_tokens,
+                *generation_stop_tokens(model.path, self.tokenizer),
+            ),
         )
         self._parser_factory: Callable[[], ToolCallParser] = (
             (lambda: parser)

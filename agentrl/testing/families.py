@@ -24,6 +24,9 @@ Families (``FAMILIES``):
   turn, JSON objects joined by ``"; "``; tool results as role ``ipython``.
 - ``deepseek_r1``: DeepSeek-R1-style turn and tool tokens on the legacy Qwen vocabulary
   (as R1's Qwen distills); the generation prompt opens ``<think>``.
+- ``glm45``: GLM-4.5/4.6-style turn tokens and ``<tool_call>NAME<arg_key>..<arg_value>``
+  calls on the legacy Qwen vocabulary; a model turn ends with the token that opens the
+  next turn (``<|observation|>``, ``<|user|>``: ``ModelFamily.stop_tokens``).
 - ``mistral``: Mistral NeMo's tekken vocabulary and control tokens from ``mistral-common``;
   Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
   of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
@@ -311,6 +314,64 @@ DEEPSEEK_R1_TEMPLATE = (
 """DeepSeek-R1-style: ``<｜User｜>``/``<｜Assistant｜>`` turns, the generation prompt opens
 ``<think>``; assistant turns after the last user message keep their (possibly empty)
 reasoning, earlier ones drop it; calls and outputs in DeepSeek's tool tokens."""
+
+GLM_TEMPLATE = (
+    _PREAMBLE
+    + """
+{{- '[gMASK]<sop>' }}
+{%- if tools %}
+    {{- '<|system|>\\n# Tools\\n\\nThese functions are available, each described by a JSON '
+        + 'schema:\\n<tools>' }}
+"""
+    + _TOOLS_JSON_LINES
+    + """
+    {{- '\\n</tools>\\n\\nTo call a function, write one block per call:\\n<tool_call>NAME\\n'
+        + '<arg_key>ARGUMENT</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>\\nwith a '
+        + 'key and a value for each argument: a string as it is, any other value as JSON.' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+        {{- '<|system|>\\n' + message.content }}
+    {%- elif message.role == 'user' %}
+        {{- '<|user|>\\n' + message.content }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|assistant|>\\n<think>' }}
+        {%- if loop.index0 > ns.last_user %}
+            {{- (message.reasoning_content or '').strip() }}
+        {%- endif %}
+        {{- '</think>' }}
+        {%- set content = (message.content or '').strip() %}
+        {%- if content %}{{- '\\n' + content }}{%- endif %}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if fn.arguments is string %}
+                {{- raise_exception('glm45 renders arguments given as a mapping') }}
+            {%- endif %}
+            {{- '\\n<tool_call>' + fn.name }}
+            {%- for name, value in fn.arguments.items() %}
+                {{- '\\n<arg_key>' + name + '</arg_key>\\n<arg_value>' }}
+                {{- (value if value is string else value | tojson) + '</arg_value>' }}
+            {%- endfor %}
+            {{- '\\n</tool_call>' }}
+        {%- endfor %}
+    {%- elif message.role == 'tool' %}
+        {%- if messages[loop.index0 - 1].role != 'tool' %}{{- '<|observation|>' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+    {%- else %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}
+"""
+).strip()
+"""GLM-4.5/4.6-style: ``[gMASK]<sop>``, the tools in a ``<|system|>`` turn of their own,
+``<|system|>``/``<|user|>``/``<|assistant|>`` turns with no end-of-turn text (a model turn
+ends with the token that opens the next one: ``<|observation|>`` before tool results,
+``<|user|>`` after an answer; both are in the model's generation config, not the
+template), a ``<think>`` block on every assistant turn (empty before the last user
+message), calls as ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs (strings
+as they are, other values as JSON; vLLM's ``glm45`` parser converts them back with the
+request's tool schema), tool results grouped after one ``<|observation|>``."""
 
 # The tool list as every Mistral format writes it: a JSON list of OpenAI function tools.
 _MISTRAL_TOOLS = """
@@ -951,6 +1012,27 @@ _DEEPSEEK_R1_TOKENS = [
 ]
 
 
+# GLM's turn tokens are special; its reasoning, tool-call and argument tags are text the
+# model writes (not special), as in the other families here.
+_GLM_TOKENS = [
+    _AddedToken("<|endoftext|>"),
+    _AddedToken("[gMASK]"),
+    _AddedToken("<sop>"),
+    _AddedToken("<|system|>"),
+    _AddedToken("<|user|>"),
+    _AddedToken("<|assistant|>"),
+    _AddedToken("<|observation|>"),
+    *(
+        _AddedToken(tag, special=False)
+        for name in ("think", "tool_call", "tool_response", "arg_key", "arg_value")
+        for tag in (f"<{name}>", f"</{name}>")
+    ),
+]
+GLM_STOP_TOKENS = ("<|user|>", "<|observation|>")
+"""The tokens besides eos that end a GLM model's turn (its generation config's
+``eos_token_id`` list): ``<|user|>`` after an answer, ``<|observation|>`` after calls."""
+
+
 @functools.cache
 def _build(name: str) -> PreTrainedTokenizerFast:
     """The tokenizer of family ``name``, once per process."""
@@ -989,6 +1071,16 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="<｜end▁of▁sentence｜>",
         )
         return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
+    if name == "glm45":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _GLM_TOKENS,
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+        )
+        return _with_template(tokenizer, GLM_TEMPLATE)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     if name == "mistral_v13":
@@ -1011,6 +1103,9 @@ class ModelFamily:
     ``source``: where the vocabulary and the template come from, and their licenses.
     ``parallel_calls``: one model turn may make several calls (False: the engine stops at
     each call's end token, as Harmony's ``<|call|>``).
+    ``stop_tokens``: tokens besides eos at which the family's models stop, as their
+    generation config lists them (``eos_token_id``); the first ends an answer when the
+    template writes no end-of-turn text (GLM's ``<|user|>``).
     """
 
     name: str
@@ -1019,6 +1114,7 @@ class ModelFamily:
     tools_in_system_prompt: bool
     source: str
     parallel_calls: bool = True
+    stop_tokens: tuple[str, ...] = ()
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         """The family's tokenizer with its chat template (built once per process)."""
@@ -1074,6 +1170,16 @@ FAMILIES: dict[str, ModelFamily] = {
             source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus DeepSeek's "
             "turn, reasoning and tool tokens as R1's Qwen distills add them; chat template "
             "written for agentrl (Apache-2.0) after DeepSeek-R1's documented format",
+        ),
+        ModelFamily(
+            name="glm45",
+            tool_parser="glm45",
+            reasoning_parser="glm45",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus GLM's turn, "
+            "reasoning, tool-call and argument tokens; chat template written for agentrl "
+            "(Apache-2.0) after GLM-4.5's documented format",
+            stop_tokens=GLM_STOP_TOKENS,
         ),
         ModelFamily(
             name="mistral",

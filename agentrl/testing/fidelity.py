@@ -29,10 +29,10 @@ import json
 import random
 import string
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.agent_loops.base import AgentLoopContext
-from agentrl.agent_loops.chat import ChatRenderer
+from agentrl.agent_loops.chat import ChatRenderer, first_drift
 from agentrl.agent_loops.config import RolloutConfig
 from agentrl.agent_loops.tool_agent import ToolAgentLoop
 from agentrl.core.types import SamplingParams
@@ -41,6 +41,9 @@ from agentrl.tools import BaseTool, ToolResponse
 from agentrl.tools.parsers import get_tool_parser
 from agentrl.tools.reasoning import get_reasoning_parser
 from agentrl.tools.render import place_tools, with_tools_system_prompt
+
+if TYPE_CHECKING:
+    from agentrl.testing.families import ModelFamily
 
 Message = dict[str, Any]
 
@@ -242,15 +245,19 @@ class FamilyRendering:
         tokenizer: Any,
         tools_in_system_prompt: bool | None,
         stop_tokens: tuple[str, ...] = (),
+        answer_stop: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.template_tools, self.system_prompt = place_tools(
             tokenizer, TOOL_SCHEMAS, tools_in_system_prompt
         )
         self.calls_in_content = self.system_prompt is not None
-        # The texts that end a model turn: the eos token and the format's other stop
-        # tokens (Harmony's <|call|> besides <|return|>).
+        # The texts that end a model turn: the eos token and the format's and the model's
+        # other stop tokens (Harmony's <|call|> besides <|return|>, GLM's <|observation|>).
+        self.stop_tokens = stop_tokens
         self.stop_texts = (tokenizer.eos_token, *stop_tokens)
+        # The token that ends an answer when the template writes no end-of-turn text.
+        self.answer_stop = answer_stop
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
@@ -291,19 +298,39 @@ class FamilyRendering:
             ]
         return message
 
-    def turn_ids(self, history: list[Message], message: Message) -> list[int]:
+    def turn_ids(
+        self, history: list[Message], message: Message, following: list[Message] | None = None
+    ) -> list[int]:
         """The engine's ids for ``message`` after ``history``: the template's text for the
-        turn, through its first stop token (where the engine stops), tokenized on its own."""
+        turn, through its first stop token (where the engine stops), tokenized on its own.
+
+        A template that writes no end-of-turn text (GLM's) leaves the stop to the opening
+        of the next turn: the model stops at the token that begins the render of
+        ``following`` (the turn's tool results), or at ``answer_stop`` after an answer."""
         before = self.render(history, add_generation_prompt=True)
         after = self.render([*history, message], add_generation_prompt=False)
         if not after.startswith(before):
             raise AssertionError("the template renders the history differently after a turn")
         text = after[len(before) :]
-        ends = [(at, stop) for stop in self.stop_texts if (at := text.find(stop)) >= 0]
-        if not ends:
+        if self._first_stop(text) is None:
+            text += self._next_opening(after, [*history, message, *(following or [])])
+        found = self._first_stop(text)
+        if found is None:
             raise AssertionError(f"the assistant turn does not end with one of {self.stop_texts}")
-        end, stop = min(ends)
-        return self.encode(text[: end + len(stop)])
+        return self.encode(text[:found])
+
+    def _first_stop(self, text: str) -> int | None:
+        """Where the first stop text in ``text`` ends; None if there is none."""
+        ends = [at + len(stop) for stop in self.stop_texts if (at := text.find(stop)) >= 0]
+        return min(ends, default=None)
+
+    def _next_opening(self, rendered: str, conversation: list[Message]) -> str:
+        """The stop text that opens the turn after ``rendered`` in ``conversation``."""
+        if conversation[-1]["role"] == "assistant":
+            return self.answer_stop or ""
+        full = self.render(conversation, add_generation_prompt=False)
+        tail = full[len(rendered) :] if full.startswith(rendered) else ""
+        return next((stop for stop in self.stop_texts if tail.startswith(stop)), "")
 
     def reference(self, conversation: Conversation) -> tuple[list[Message], list[list[int]]]:
         """The whole conversation as messages, and the engine's ids for each turn."""
@@ -311,9 +338,10 @@ class FamilyRendering:
         outputs = []
         for turn in conversation.turns:
             message = self.assistant_message(turn)
-            outputs.append(self.turn_ids(messages, message))
+            results = [{"role": "tool", "content": call.result} for call in turn.calls]
+            outputs.append(self.turn_ids(messages, message, results))
             messages.append(message)
-            messages.extend({"role": "tool", "content": call.result} for call in turn.calls)
+            messages.extend(results)
         return messages, outputs
 
 
@@ -333,13 +361,6 @@ class _ScriptedTool(BaseTool):
 
 def _call_key(name: str, arguments: dict[str, Any]) -> str:
     return json.dumps([name, arguments], sort_keys=True, ensure_ascii=False)
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) <= len(b) else len(b)
 
 
 def _missing(expected: list[tuple[str, dict]], got: list[tuple[str, dict]]) -> int:
@@ -364,14 +385,19 @@ class FidelityHarness:
         tools_in_system_prompt: bool | None,
         tool_parser: str,
         reasoning_parser: str | None,
+        stop_tokens: tuple[str, ...] = (),
     ) -> None:
+        """``stop_tokens``: the model's stop tokens besides eos, as its generation config
+        lists them (``ModelFamily.stop_tokens``); the first ends an answer when the
+        template writes no end of turn."""
         from agentrl.server.gateway.config import GatewayConfig
         from agentrl.server.gateway.service import GatewayService
         from agentrl.server.gateway.sink import InMemorySink
 
         self.tool_parser = get_tool_parser(tool_parser, tokenizer, TOOL_SCHEMAS)
-        stops = self.tool_parser.end_of_turn_tokens
-        self.rendering = FamilyRendering(tokenizer, tools_in_system_prompt, stops)
+        stops = (*self.tool_parser.end_of_turn_tokens, *stop_tokens)
+        answer_stop = stop_tokens[0] if stop_tokens else None
+        self.rendering = FamilyRendering(tokenizer, tools_in_system_prompt, stops, answer_stop)
         self.reasoning_parser = get_reasoning_parser(reasoning_parser, tokenizer)
         self.renderer = ChatRenderer(
             tokenizer,
@@ -395,6 +421,18 @@ class FidelityHarness:
         )
         self.gateway = GatewayService(self.engine, tokenizer, config, "m", 1 << 20, self.sink)
         self._episodes = 0
+
+    @classmethod
+    def of(cls, family: ModelFamily, tool_parser: str | None = None) -> FidelityHarness:
+        """The harness of a built-in family (``tool_parser``: another parser name for its
+        format, e.g. ``vllm:hermes`` for ``hermes``)."""
+        return cls(
+            family.tokenizer(),
+            family.tools_in_system_prompt,
+            tool_parser or family.tool_parser,
+            family.reasoning_parser,
+            family.stop_tokens,
+        )
 
     def _start(self, conversation: Conversation) -> tuple[str, list[Message], list[list[int]]]:
         """A fresh session id, and the conversation's reference messages and outputs."""
@@ -446,7 +484,7 @@ class FidelityHarness:
         if out.metrics.get("tokenization_drift"):
             report.drift_reports = 1
             report.detail.append("the loop's drift check re-rendered its messages differently")
-        first = _first_difference(ids, reference)
+        first = first_drift(ids, reference, self.renderer.stop_token_ids)
         if first is not None:
             report.drifted_tokens = len(ids) - first
             report.detail.append(f"trajectory drifts from the template's render at token {first}")

@@ -34,7 +34,7 @@ class MultiTurnChatLoop(AgentLoopBase):
             trajectory.add_model_turn(out)
             if follow_up is None or trajectory.response_length >= budget:
                 break
-            ended = bool(out.token_ids) and out.token_ids[-1] == self.tokenizer.eos_token_id
+            ended = self.renderer.ends_turn(out.token_ids)
             text = self.tokenizer.decode(out.token_ids[:-1] if ended else out.token_ids)
             new = [{"role": "user", "content": follow_up}]
             delta = await self.renderer.encode_delta(new, ended)
@@ -77,7 +77,7 @@ class CodeToolLoop(AgentLoopBase):
         budget = config.max_response_length
         out = await self.generate(trajectory.ids, self.turn_sampling(sampling, budget // 2))
         trajectory.add_model_turn(out)
-        ended = bool(out.token_ids) and out.token_ids[-1] == self.tokenizer.eos_token_id
+        ended = self.renderer.ends_turn(out.token_ids)
         code = sample["extra_info"]["code"]
         call = FunctionCall(name="code_interpreter", arguments={"code": code})
         executor = ToolCallExecutor(self.tools, 1, config.tool_timeout_s)

@@ -145,3 +145,25 @@ def test_a_worker_built_from_python_accepts_builtin_model_names(tiny_checkpoint)
     worker = AgentLoopWorker(cfg, client=ScriptedClient(lambda *_: []), tools={})
     expected = AutoTokenizer.from_pretrained(tiny_checkpoint)
     assert worker.tokenizer.get_vocab() == expected.get_vocab()
+
+
+def test_the_models_generation_config_stop_tokens_end_its_turns(tmp_path):
+    """A GLM checkpoint lists `<|user|>` and `<|observation|>` beside eos in its generation
+    config (vLLM stops at each); the worker's renderer takes them as turn ends, so a turn
+    that stopped at `<|observation|>` is not followed by a second one from the template."""
+    from transformers import GenerationConfig
+
+    from agentrl.testing.families import family
+
+    tokenizer = family("glm45").tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    cfg = load_config(None, [f"model.path={tmp_path}"])
+    plain = AgentLoopWorker(cfg, client=ScriptedClient(lambda *_: []), tools={})
+    assert plain.renderer.stop_token_ids == {tokenizer.eos_token_id}
+
+    stops = ["<|endoftext|>", "<|user|>", "<|observation|>"]
+    GenerationConfig(eos_token_id=tokenizer.convert_tokens_to_ids(stops)).save_pretrained(tmp_path)
+    worker = AgentLoopWorker(cfg, client=ScriptedClient(lambda *_: []), tools={})
+    assert worker.renderer.stop_token_ids == set(tokenizer.convert_tokens_to_ids(stops))
+    delta = worker.renderer.delta_text([{"role": "tool", "content": "4"}], True)
+    assert delta == "\n<tool_response>\n4\n</tool_response><|assistant|>"

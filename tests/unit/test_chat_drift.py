@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.agent_loops import chat as chat_module
-from agentrl.agent_loops.chat import ChatRenderer, describe_drift
+from agentrl.agent_loops.chat import ChatRenderer, describe_drift, first_drift
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,14 @@ async def test_only_the_first_drift_of_a_process_reaches_the_console(
             assert (await renderer.check_drift(messages, accumulated)).drifted
     levels = [r.levelno for r in caplog.records if "tokenization drift" in r.getMessage()]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+def test_a_render_may_go_on_and_a_last_turn_may_end_with_a_stop_the_render_lacks():
+    rendered = [1, 2, 3, 4]
+    assert first_drift([1, 2, 3], rendered) is None
+    assert first_drift([1, 9, 3], rendered) == 1
+    # GLM: the answer ends with <|user|> (7), which a render with no next turn lacks.
+    assert first_drift([1, 2, 3, 4, 7], rendered, {7}) is None
+    assert first_drift([1, 2, 3, 4, 7], rendered) == 4
+    assert first_drift([1, 2, 3, 4, 8], rendered, {7}) == 4
+    assert first_drift([1, 2, 3, 4, 7, 7], rendered, {7}) == 4

@@ -5,10 +5,12 @@ For conversations ``[system?] user (assistant [tool_calls] tool+)* assistant`` o
 family, each template must be
  (a) prefix-stable inside a tool-calling chain: the render up to a finished assistant turn
      after the last user message is a prefix (as text and as ids) of every longer render;
- (b) closed by the eos token: an assistant turn (full render minus the generation prompt)
-     ends with eos, followed at most by whitespace the template adds;
+ (b) closed by its stop token: an assistant turn (full render minus the generation prompt)
+     ends with eos, followed at most by whitespace the template adds; or, for a family
+     whose template writes no end of turn (GLM), with one of its models' stop tokens, the
+     one that opens the next message (``ModelFamily.stop_tokens``);
  (c) parseable: vLLM's reasoning parser, then its tool parser, recover the turn's reasoning
-     and exact calls from the turn's ids decoded with special tokens, up to eos.
+     and exact calls from the turn's ids decoded with special tokens, up to the stop.
 """
 
 from __future__ import annotations
@@ -171,8 +173,8 @@ def _last_user(messages: list[dict[str, Any]]) -> int:
 
 
 FAMILY_NAMES = list(FAMILIES)
-# Families whose turn ends with eos and whose format the installed vLLM parses from text
-# (gpt-oss's Harmony turns end with <|call|> or <|return|>; agentrl parses them itself).
+# Families whose format the installed vLLM parses from text (gpt-oss's Harmony turns end
+# with <|call|> or <|return|>; agentrl parses them itself).
 VLLM_FAMILIES = [name for name in FAMILY_NAMES if name != "gpt_oss"]
 
 
@@ -188,7 +190,7 @@ def request_with_tools():
 def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
-        *("mistral_v13", "magistral", "gpt_oss"),
+        *("mistral_v13", "magistral", "gpt_oss", "glm45"),
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -229,6 +231,12 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
         "gpt_oss": [
             *("<|start|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|end|>"),
             *("<|call|>", "<|return|>", "<|endoftext|>", "<|startoftext|>"),
+        ],
+        "glm45": [
+            *("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+            *("<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
+            *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
+            *("<arg_value>", "</arg_value>"),
         ],
         "deepseek_r1": [
             *("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
@@ -318,7 +326,9 @@ def test_prefix_stable_within_a_tool_chain(name, conversation):
 
 def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
     """For each assistant message: (message, turn text, turn ids), the turn being the full
-    render minus the generation prompt, checked to split at a token boundary."""
+    render minus the generation prompt, checked to split at a token boundary; for a family
+    whose template writes no end of turn, followed by the stop token at which its model
+    stops (``_stop_after``)."""
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
@@ -330,23 +340,44 @@ def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
         turn_ids = full_ids[len(prompt_ids) :]
         turn = full[len(prompt) :]
         assert fam.tokenizer().decode(turn_ids, skip_special_tokens=False) == turn
+        if fam.stop_tokens:
+            stop = _stop_after(fam, messages, i, full)
+            turn, turn_ids = turn + stop, turn_ids + _ids(fam, stop)
         yield message, turn, turn_ids
+
+
+def _stop_after(fam: ModelFamily, messages: list[dict[str, Any]], i: int, full: str) -> str:
+    """The stop token after assistant message ``i`` (rendered as ``full``): the token the
+    template opens tool results with (the render only appends them), else the first of the
+    family's stop tokens, which ends an answer."""
+    if i + 1 < len(messages) and messages[i + 1]["role"] == "tool":
+        longer = _render(fam, messages[: i + 2], prompt=False)
+        assert longer.startswith(full)
+        (stop,) = [s for s in fam.stop_tokens if longer[len(full) :].startswith(s)]
+        return stop
+    return fam.stop_tokens[0]
+
+
+def _turn_stop(fam: ModelFamily) -> tuple[str, ...]:
+    """The texts that can end a model turn of ``fam``: eos, or its models' stop tokens."""
+    return fam.stop_tokens or (fam.tokenizer().eos_token,)
 
 
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
 @pytest.mark.parametrize("name", VLLM_FAMILIES)
-def test_assistant_turn_ends_with_eos(name, conversation):
-    """(b): what the model generates for a turn ends with eos; the template adds at most
-    whitespace after it."""
+def test_assistant_turn_ends_with_its_stop_token(name, conversation):
+    """(b): what the model generates for a turn ends with eos (or, for a template with no
+    end of turn, its model's stop token); the template adds at most whitespace after it."""
     fam = family(name)
-    eos = fam.tokenizer().eos_token
-    eos_id = fam.tokenizer().convert_tokens_to_ids(eos)
+    tokenizer = fam.tokenizer()
+    stops = _turn_stop(fam)
     for _, turn, turn_ids in _assistant_turns(fam, _for_family(fam, CONVERSATIONS[conversation])):
-        cut = turn.rindex(eos) + len(eos)
+        cut, stop = max((turn.rfind(stop) + len(stop), stop) for stop in stops)
         assert turn[cut:].strip() == "", turn
-        assert eos not in turn[: cut - len(eos)]
-        assert eos_id in turn_ids
-        assert not fam.tokenizer().decode(turn_ids[turn_ids.index(eos_id) + 1 :]).strip()
+        assert not any(other in turn[: cut - len(stop)] for other in stops)
+        stop_id = tokenizer.convert_tokens_to_ids(stop)
+        assert stop_id in turn_ids
+        assert not tokenizer.decode(turn_ids[turn_ids.index(stop_id) + 1 :]).strip()
 
 
 def _parsers(fam: ModelFamily):
@@ -366,7 +397,7 @@ def _parsers(fam: ModelFamily):
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
 @pytest.mark.parametrize("name", VLLM_FAMILIES)
 def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_with_tools):
-    """(c): the turn's ids decoded up to eos (what vLLM hands its parsers, special tokens
+    """(c): the turn's ids decoded up to its stop (what vLLM hands its parsers, special tokens
     kept): the reasoning parser splits off the reasoning exactly (newline-wrapped, as the
     templates write it), then the tool parser returns every call with its exact arguments.
     The text tags are not special tokens, so skipping special tokens parses the same
@@ -377,7 +408,8 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
     for message, _, turn_ids in _assistant_turns(
         fam, _for_family(fam, CONVERSATIONS[conversation])
     ):
-        generated = turn_ids[: turn_ids.index(tokenizer.eos_token_id)]
+        stop_ids = tokenizer.convert_tokens_to_ids(list(_turn_stop(fam)))
+        generated = turn_ids[: min(turn_ids.index(i) for i in stop_ids if i in turn_ids)]
         # Mistral's [TOOL_CALLS] is a control token: vLLM keeps special tokens for its
         # parser (MistralParser.adjust_request), as agentrl's loops and gateway always do.
         mistral = fam.tool_parser == "mistral"
@@ -402,10 +434,13 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
 def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
     """The reasoning ``fam``'s parser returns for an assistant message: ``<think>``
     templates write it with one newline each side, which the parsers keep (an empty block
-    gives two newlines); Magistral's ``[THINK]`` has none, and no block when empty."""
+    gives two newlines); Magistral's ``[THINK]`` has none, and no block when empty; GLM's
+    ``\n<think>`` comes back with its newline, and as no reasoning when empty."""
     reasoning = message.get("reasoning_content") or ""
     if fam.reasoning_parser == "mistral":
         return reasoning or None
+    if fam.reasoning_parser == "glm45":
+        return f"\n{reasoning}" if reasoning else None
     return f"\n{reasoning}\n"
 
 

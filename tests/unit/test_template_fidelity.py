@@ -38,13 +38,7 @@ NAMES = sorted(FAMILIES)
 
 @functools.cache
 def harness(name: str, tool_parser: str | None = None) -> FidelityHarness:
-    model = family(name)
-    return FidelityHarness(
-        model.tokenizer(),
-        model.tools_in_system_prompt,
-        tool_parser or model.tool_parser,
-        model.reasoning_parser,
-    )
+    return FidelityHarness.of(family(name), tool_parser)
 
 
 def specials(name: str) -> list[str]:
