@@ -16,7 +16,8 @@ template samples it). Each run checks that
   (``unparsed_calls``);
 - the gateway, driven as an OpenAI client drives it (assistant messages echoed with
   their ``reasoning_content`` and ``tool_calls``), records one sample that is exactly
-  what the engine saw: the last call's prompt plus its completion.
+  what the engine saw (the last call's prompt plus its completion) and the template's
+  render of the conversation (unless the template writes the client's tool-call ids).
 
 ``tests/unit/test_template_fidelity.py`` runs a sample of this with hypothesis;
 ``bench/template_fidelity.py`` runs 10,000 conversations per family.
@@ -25,6 +26,7 @@ template samples it). Each run checks that
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 import string
@@ -269,6 +271,16 @@ class FamilyRendering:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    @functools.cached_property
+    def renders_call_ids(self) -> bool:
+        """Whether the template writes a tool result's ``tool_call_id`` (Mistral's): a
+        client's ids, which no reference conversation can know in advance."""
+        turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        tool = {"role": "tool", "name": "now", "content": "r"}  # Harmony needs the name
+        plain = self.render([*turn, tool], False)
+        with_id = [*turn, {**tool, "tool_call_id": "call12345"}]
+        return self.render(with_id, False) != plain
+
     def assistant_message(self, turn: AssistantTurn) -> Message:
         """The turn as a chat message (structured calls, or Hermes blocks in the content
         for templates that ignore ``tool_calls`` and read tools from the system prompt)."""
@@ -446,6 +458,7 @@ class FidelityHarness:
         """Both checks on one conversation, in one report."""
         report = await self.check_tool_loop(conversation)
         gateway = await self.check_gateway(conversation)
+        report.drifted_tokens += gateway.drifted_tokens
         report.unparsed_calls += gateway.unparsed_calls
         report.mask_errors += gateway.mask_errors
         report.gateway_mismatches += gateway.gateway_mismatches
@@ -505,7 +518,7 @@ class FidelityHarness:
         from agentrl.server.gateway.protocol import ChatCompletionRequest
 
         report = FidelityReport()
-        session, _, outputs = self._start(conversation)
+        session, reference_messages, outputs = self._start(conversation)
         messages: list[Message] = [dict(m) for m in conversation.prompt]
         for index, turn in enumerate(conversation.turns):
             request = ChatCompletionRequest.model_validate(
@@ -543,12 +556,17 @@ class FidelityHarness:
             report.gateway_mismatches += 1
             report.detail.append(f"gateway recorded {len(samples)} samples, not 1")
         sample = samples[-1]
-        if (
-            sample.prompt_ids + sample.response_ids
-            != self.engine.calls[-1].prompt_ids + outputs[-1]
-        ):
+        recorded = sample.prompt_ids + sample.response_ids
+        if recorded != self.engine.calls[-1].prompt_ids + outputs[-1]:
             report.gateway_mismatches += 1
             report.detail.append("gateway sample is not what the engine saw")
+        rendering = self.rendering
+        if not rendering.renders_call_ids:
+            reference = rendering.encode(rendering.render(reference_messages, False))
+            first = first_drift(recorded, reference, self.renderer.stop_token_ids)
+            if first is not None:
+                report.drifted_tokens += len(recorded) - first
+                report.detail.append(f"gateway sample drifts from the render at token {first}")
         masked = [t for t, m in zip(sample.response_ids, sample.response_mask, strict=True) if m]
         if len(samples) == 1 and masked != [t for turn in outputs for t in turn]:
             report.mask_errors += 1

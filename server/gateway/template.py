@@ -42,7 +42,12 @@ class GatewayTemplate:
         self.tokenizer = tokenizer
         self._tools_in_system_prompt = tools_in_system_prompt
         self._tools_prompt_template = tools_prompt_template
-        self._special_ids = set(tokenizer.all_special_ids)
+        # Special tokens a turn may end with: the named ones (eos, ...) and every added
+        # token marked special (GLM's <|observation|>, Harmony's <|call|>), at which the
+        # model's generation config may stop it.
+        self._special_ids = set(tokenizer.all_special_ids) | {
+            i for i, token in tokenizer.added_tokens_decoder.items() if token.special
+        }
         self._by_tools: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._encode = text_encoder(tokenizer)
 

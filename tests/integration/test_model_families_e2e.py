@@ -38,7 +38,6 @@ from agentrl.testing.fidelity import (
     TOOL_SCHEMAS,
     AssistantTurn,
     Conversation,
-    FamilyRendering,
     FidelityHarness,
     ToolCallSpec,
     scripted_row,
@@ -152,18 +151,9 @@ def test_family_through_replicas_workers_and_the_gateway(name, ray_instance, tmp
     ids = by_loop["tool_agent"]["prompt_ids"] + by_loop["tool_agent"]["response_ids"]
     stop_ids = tokenizer.convert_tokens_to_ids(list(rendering.stop_texts))
     assert first_drift(ids, reference, stop_ids) is None and len(ids) >= len(reference) - 2
-    if not _renders_call_ids(rendering):
+    if not rendering.renders_call_ids:
         external = by_loop["external"]
         assert external["prompt_ids"] + external["response_ids"] == ids
     metrics = by_loop["tool_agent"]["metrics"]
     assert metrics["tool_calls/ok"] == len(conversation.calls)
     assert metrics.get("tool_calls/malformed", 0) == 0
-
-
-def _renders_call_ids(rendering: FamilyRendering) -> bool:
-    """Whether the family's template writes a tool result's ``tool_call_id``."""
-    turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    tool = {"role": "tool", "name": "now", "content": "r"}  # Harmony needs the name
-    plain = rendering.render([*turn, tool], False)
-    with_id = [*turn, {**tool, "tool_call_id": "call12345"}]
-    return rendering.render(with_id, False) != plain
