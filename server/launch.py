@@ -21,9 +21,7 @@ from agentrl.server.deployment import build_rollout_app
 logger = logging.getLogger(__name__)
 
 LOCAL_START_ATTEMPTS = 3
-# Ray's messages when a new local node's GCS does not write its port file in time
-# (RuntimeError) or its raylet does not register in time (bare Exception).
-_NODE_START_TIMEOUTS = ("Timed out waiting for file", "timed out during startup")
+_NODE_START_TIMEOUT = "timed out during startup"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
 
@@ -85,7 +83,7 @@ def run_application(app: Application, name: str, route_prefix: str | None) -> No
 def init_ray(cfg: RayConfig) -> None:
     """Connect to ``cfg.address`` or start a local Ray instance (no dashboard).
 
-    A local start whose GCS or raylet does not come up within Ray's 30 s is retried
+    A local start whose raylet does not register within Ray's fixed 30 s is retried
     (``LOCAL_START_ATTEMPTS`` in all) after the failed start's processes are killed.
     """
     if ray.is_initialized():
@@ -113,19 +111,18 @@ def init_ray(cfg: RayConfig) -> None:
 def _start_local_ray(init_kwargs: dict) -> None:
     """``ray.init`` of a new local instance, retried when its node times out starting.
 
-    Ray gives a new node's GCS 30 s to write its port file and its raylet a fixed 30 s
-    to register, then raises, leaving the processes it started running. On a loaded
-    2-core machine (a previous instance's engine processes still exiting) each wait has
-    run out in CI; the next attempt, with the leftovers killed, starts normally.
+    Ray gives a new node's raylet a fixed 30 s to register with its GCS and then raises,
+    leaving the GCS, raylet and agents it started running. On a loaded 2-core machine
+    (a previous instance's engine processes still exiting) that wait has run out in CI;
+    the next attempt, with the leftovers killed, starts normally.
     """
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         already_running = {child.pid for child in psutil.Process().children(recursive=True)}
         try:
             ray.init(**init_kwargs)
             return
-        except Exception as exc:  # Ray raises a bare Exception for the raylet's timeout
-            timed_out = any(message in str(exc) for message in _NODE_START_TIMEOUTS)
-            if not timed_out or attempt == LOCAL_START_ATTEMPTS:
+        except Exception as exc:  # Ray raises a bare Exception for this timeout
+            if _NODE_START_TIMEOUT not in str(exc) or attempt == LOCAL_START_ATTEMPTS:
                 raise
             killed = _kill_processes_started_since(already_running)
             logger.warning(

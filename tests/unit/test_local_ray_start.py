@@ -14,10 +14,6 @@ TIMEOUT = Exception(
     "The current node timed out during startup. This could happen because some of the "
     "raylet failed to startup or the GCS has become overloaded."
 )
-GCS_PORT_TIMEOUT = RuntimeError(
-    "Timed out waiting for file /tmp/ray/session_2026-12-01_16-17-25_664979_20696/"
-    "gcs_server_port_58d5c4b13c25619987a88824702ad4a28a014d22a0d8513c898c2c0b"
-)
 
 
 class FakeRayInit:
@@ -60,11 +56,10 @@ def _alive(process: subprocess.Popen) -> bool:
     return process.poll() is None
 
 
-@pytest.mark.parametrize("timeout", [TIMEOUT, GCS_PORT_TIMEOUT], ids=["raylet", "gcs"])
-def test_a_node_that_times_out_is_killed_and_started_again(fake_init, caplog, timeout):
+def test_a_node_that_times_out_is_killed_and_started_again(fake_init, caplog):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        fake = fake_init(failures=1, error=timeout)
+        fake = fake_init(failures=1)
         launch.init_ray(RayConfig(num_cpus=2))
         assert len(fake.calls) == 2
         assert fake.calls[0] == fake.calls[1]
