@@ -106,8 +106,12 @@ class ToolAgentLoop(AgentLoopBase):
                     call_counts[key] = call_counts.get(key, 0) + 1
                     content = truncate_response(result.text, limit, side)
                     # The function's name: formats whose results name their function
-                    # (Harmony's functions.NAME) read it; the others ignore it.
-                    tool_messages.append({"role": "tool", "name": result.tool, "content": content})
+                    # (Harmony's functions.NAME) read it; the others ignore it. The id,
+                    # when the model wrote one, names the call (Kimi K2's results do).
+                    message = {"role": "tool", "name": result.tool, "content": content}
+                    if result.call_id is not None:
+                        message["tool_call_id"] = result.call_id
+                    tool_messages.append(message)
                 delta = await renderer.encode_delta(tool_messages, ended_with_eos)
                 room = budget - len(response)
                 trajectory.add_env_tokens(delta if len(delta) <= room else delta[:room])

@@ -34,7 +34,8 @@ class CallOutcome(StrEnum):
 
 @dataclass
 class CallResult:
-    """One tool call's response text and bookkeeping."""
+    """One tool call's response text and bookkeeping; ``call_id`` is the id the model
+    wrote for the call (``FunctionCall.id``), which the result's message names."""
 
     tool: str
     outcome: CallOutcome
@@ -42,6 +43,7 @@ class CallResult:
     reward: float = 0.0
     seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
 
 
 def truncate_response(text: str, limit: int, side: str) -> str:
@@ -73,6 +75,8 @@ class ToolCallExecutor:
             results = [await self._run_call(parsed.calls[0])]
         else:
             results = await asyncio.gather(*(self._run_call(call) for call in parsed.calls))
+        for call, result in zip(parsed.calls, results, strict=True):
+            result.call_id = call.id
         malformed = [
             CallResult("?", CallOutcome.MALFORMED, f"Error: {error}") for error in parsed.errors
         ]

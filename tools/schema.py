@@ -86,11 +86,14 @@ class FunctionCall(BaseModel):
     """A tool call parsed from model output: the function name and its arguments.
 
     ``arguments`` may be given as a dict or as a JSON string encoding an object
-    (the OpenAI wire format); either way it is stored as a dict.
+    (the OpenAI wire format); either way it is stored as a dict. ``id``: the call's id
+    when the model wrote one into its turn (Kimi K2's ``functions.NAME:INDEX``), which
+    its result must then name; None when the format has none.
     """
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
 
     @field_validator("arguments", mode="before")
     @classmethod

@@ -40,6 +40,7 @@ _KNOWN_MARKERS = {
     "qwen3_xml": ("<tool_call>", "</tool_call>"),
     "glm45": ("<tool_call>", "</tool_call>"),
     "glm47": ("<tool_call>", "</tool_call>"),
+    "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_end|>"),
 }
 # Formats whose calls open with no marker of their own: a JSON object starting the turn.
 _BARE_JSON_PARSERS = frozenset({"llama3_json", "llama4_json", "phi4_mini_json"})
@@ -109,8 +110,10 @@ class VLLMToolCallParser(ToolCallParser):
         info = self._parser.extract_tool_calls(text, self._request)
         turn = ParsedTurn(content=(info.content or "").strip() if info.tools_called else text)
         if info.tools_called:
-            for index, call in enumerate(info.tool_calls, start=1):
-                self._add_call(call.function.name, call.function.arguments, index, turn)
+            for call in info.tool_calls:
+                # Most parsers make up an id per call; one the model wrote is kept.
+                written_id = call.id if call.id and call.id in text else None
+                self._add_call(call.function.name, call.function.arguments, written_id, turn)
         if self._end and text.count(self._end) < text.count(self._markers[0]) and turn.calls:
             # A lenient parser recovered a call the model never finished: the last one.
             turn.calls.pop()
@@ -128,7 +131,8 @@ class VLLMToolCallParser(ToolCallParser):
         return turn
 
     @staticmethod
-    def _add_call(name: str, arguments: str | None, index: int, turn: ParsedTurn) -> None:
+    def _add_call(name: str, arguments: str | None, call_id: str | None, turn: ParsedTurn) -> None:
+        index = turn.attempted_calls + 1
         try:
             parsed = json.loads(arguments) if arguments else {}
         except json.JSONDecodeError as exc:
@@ -137,7 +141,7 @@ class VLLMToolCallParser(ToolCallParser):
         if not isinstance(parsed, dict):
             turn.errors.append(f"tool call {index} ({name}): arguments must be a JSON object")
             return
-        turn.calls.append(FunctionCall(name=name, arguments=parsed))
+        turn.calls.append(FunctionCall(name=name, arguments=parsed, id=call_id))
 
     def _attempted(self, text: str) -> int:
         """How many calls the text opens, by the format's markers (0 if it has none)."""

@@ -27,6 +27,10 @@ Families (``FAMILIES``):
 - ``glm45``: GLM-4.5/4.6-style turn tokens and ``<tool_call>NAME<arg_key>..<arg_value>``
   calls on the legacy Qwen vocabulary; a model turn ends with the token that opens the
   next turn (``<|observation|>``, ``<|user|>``: ``ModelFamily.stop_tokens``).
+- ``kimi_k2``: Kimi-K2-style turn and tool-section tokens on the legacy Qwen vocabulary;
+  each call under the id the model writes (``functions.NAME:INDEX``,
+  ``ModelFamily.call_ids``), each result naming it; turns end at ``<|im_end|>``, which
+  the model's generation config lists (its tokenizer's eos is ``[EOS]``).
 - ``mistral``: Mistral NeMo's tekken vocabulary and control tokens from ``mistral-common``;
   Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
   of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
@@ -372,6 +376,60 @@ template), a ``<think>`` block on every assistant turn (empty before the last us
 message), calls as ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs (strings
 as they are, other values as JSON; vLLM's ``glm45`` parser converts them back with the
 request's tool schema), tool results grouped after one ``<|observation|>``."""
+
+KIMI_K2_TEMPLATE = (
+    _PREAMBLE
+    + """
+{%- if tools %}
+    {{- '<|im_system|>tool_declare<|im_middle|>' + (tools | tojson) + '<|im_end|>' }}
+{%- endif %}
+{%- if system is not none %}
+    {{- '<|im_system|>system<|im_middle|>' + system + '<|im_end|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {{- '<|im_user|>user<|im_middle|>' + message.content + '<|im_end|>' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_assistant|>assistant<|im_middle|><think>' }}
+        {%- if loop.index0 > ns.last_user %}
+            {{- (message.reasoning_content or '').strip() }}
+        {%- endif %}
+        {{- '</think>' + (message.content or '') }}
+        {%- if message.tool_calls %}
+            {{- '<|tool_calls_section_begin|>' }}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- if not call.id %}
+                    {{- raise_exception('kimi_k2 writes each call under the id the model '
+                        + 'gave it (functions.NAME:INDEX); this call has none') }}
+                {%- endif %}
+                {{- '<|tool_call_begin|>' + call.id + '<|tool_call_argument_begin|>' }}
+                {{- fn.arguments if fn.arguments is string else fn.arguments | tojson }}
+                {{- '<|tool_call_end|>' }}
+            {%- endfor %}
+            {{- '<|tool_calls_section_end|>' }}
+        {%- endif %}
+        {{- '<|im_end|>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_system|>tool<|im_middle|>' }}
+        {%- if message.tool_call_id %}
+            {{- '## Return of ' + message.tool_call_id + '\\n' }}
+        {%- endif %}
+        {{- message.content + '<|im_end|>' }}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_assistant|>assistant<|im_middle|>' }}{%- endif %}
+"""
+).strip()
+"""Kimi-K2-style: ``<|im_system|>``/``<|im_user|>``/``<|im_assistant|>`` turns named after
+``<|im_middle|>`` and closed by ``<|im_end|>``, the tools declared as a JSON list in a
+``tool_declare`` turn, a ``<think>`` block on every assistant turn (empty before the last
+user message, as K2-Thinking), calls in a ``<|tool_calls_section_begin|>`` section, each
+under the id the model writes (``functions.NAME:INDEX``, the index counting the
+conversation's calls), and each result in a ``tool`` turn headed ``## Return of ID``: the
+one format here whose call ids are the model's own text."""
 
 # The tool list as every Mistral format writes it: a JSON list of OpenAI function tools.
 _MISTRAL_TOOLS = """
@@ -1028,6 +1086,32 @@ _GLM_TOKENS = [
         for tag in (f"<{name}>", f"</{name}>")
     ),
 ]
+# Kimi's turn and tool-section tokens are special (vLLM's kimi_k2 parser asks the engine
+# to keep special tokens for that reason); its reasoning tags are text the model writes.
+_KIMI_K2_TOKENS = [
+    _AddedToken("[BOS]"),
+    _AddedToken("[EOS]"),
+    *(
+        _AddedToken(f"<|{name}|>")
+        for name in (
+            "im_end",
+            "im_user",
+            "im_assistant",
+            "im_system",
+            "im_middle",
+            "tool_calls_section_begin",
+            "tool_calls_section_end",
+            "tool_call_begin",
+            "tool_call_argument_begin",
+            "tool_call_end",
+        )
+    ),
+    _AddedToken("<think>", special=False),
+    _AddedToken("</think>", special=False),
+]
+KIMI_K2_STOP_TOKENS = ("<|im_end|>",)
+"""Kimi's generation config ends a turn at ``<|im_end|>``; its tokenizer's eos is ``[EOS]``."""
+
 GLM_STOP_TOKENS = ("<|user|>", "<|observation|>")
 """The tokens besides eos that end a GLM model's turn (its generation config's
 ``eos_token_id`` list): ``<|user|>`` after an answer, ``<|observation|>`` after calls."""
@@ -1081,6 +1165,17 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="<|endoftext|>",
         )
         return _with_template(tokenizer, GLM_TEMPLATE)
+    if name == "kimi_k2":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _KIMI_K2_TOKENS,
+            bos_token="[BOS]",
+            eos_token="[EOS]",
+            pad_token="[EOS]",
+        )
+        return _with_template(tokenizer, KIMI_K2_TEMPLATE)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     if name == "mistral_v13":
@@ -1106,6 +1201,10 @@ class ModelFamily:
     ``stop_tokens``: tokens besides eos at which the family's models stop, as their
     generation config lists them (``eos_token_id``); the first ends an answer when the
     template writes no end-of-turn text (GLM's ``<|user|>``).
+    ``call_ids``: the id the family's models write for a call, as a format of ``name``
+    (the function) and ``index`` (the conversation's calls before it), for a format whose
+    ids are the model's own text (Kimi K2's ``functions.{name}:{index}``); None when the
+    model writes none (a template that renders ids renders the client's).
     """
 
     name: str
@@ -1115,6 +1214,7 @@ class ModelFamily:
     source: str
     parallel_calls: bool = True
     stop_tokens: tuple[str, ...] = ()
+    call_ids: str | None = None
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         """The family's tokenizer with its chat template (built once per process)."""
@@ -1180,6 +1280,17 @@ FAMILIES: dict[str, ModelFamily] = {
             "reasoning, tool-call and argument tokens; chat template written for agentrl "
             "(Apache-2.0) after GLM-4.5's documented format",
             stop_tokens=GLM_STOP_TOKENS,
+        ),
+        ModelFamily(
+            name="kimi_k2",
+            tool_parser="kimi_k2",
+            reasoning_parser="kimi_k2",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus Kimi K2's "
+            "turn and tool-section tokens; chat template written for agentrl (Apache-2.0) "
+            "after Kimi K2's documented format",
+            stop_tokens=KIMI_K2_STOP_TOKENS,
+            call_ids="functions.{name}:{index}",
         ),
         ModelFamily(
             name="mistral",

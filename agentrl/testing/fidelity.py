@@ -248,6 +248,7 @@ class FamilyRendering:
         tools_in_system_prompt: bool | None,
         stop_tokens: tuple[str, ...] = (),
         answer_stop: str | None = None,
+        call_ids: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.template_tools, self.system_prompt = place_tools(
@@ -260,6 +261,8 @@ class FamilyRendering:
         self.stop_texts = (tokenizer.eos_token, *stop_tokens)
         # The token that ends an answer when the template writes no end-of-turn text.
         self.answer_stop = answer_stop
+        # The ids the family's models write for their calls (ModelFamily.call_ids).
+        self.call_ids = call_ids
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
@@ -274,16 +277,20 @@ class FamilyRendering:
     @functools.cached_property
     def renders_call_ids(self) -> bool:
         """Whether the template writes a tool result's ``tool_call_id`` (Mistral's): a
-        client's ids, which no reference conversation can know in advance."""
+        client's ids, which no reference conversation can know in advance. Not so for a
+        family whose models write their calls' ids (Kimi K2's): its results name those."""
+        if self.call_ids is not None:
+            return False
         turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
         tool = {"role": "tool", "name": "now", "content": "r"}  # Harmony needs the name
         plain = self.render([*turn, tool], False)
         with_id = [*turn, {**tool, "tool_call_id": "call12345"}]
         return self.render(with_id, False) != plain
 
-    def assistant_message(self, turn: AssistantTurn) -> Message:
+    def assistant_message(self, turn: AssistantTurn, calls_before: int = 0) -> Message:
         """The turn as a chat message (structured calls, or Hermes blocks in the content
-        for templates that ignore ``tool_calls`` and read tools from the system prompt)."""
+        for templates that ignore ``tool_calls`` and read tools from the system prompt);
+        ``calls_before``: the conversation's calls before the turn (ids count them)."""
         message: Message = {"role": "assistant", "content": turn.content}
         if turn.reasoning is not None:
             message["reasoning_content"] = turn.reasoning
@@ -298,17 +305,23 @@ class FamilyRendering:
             )
             message["content"] = "\n".join([turn.content, *blocks]).lstrip("\n")
         else:
-            # Ids of 9 letters and digits, as Mistral's formats require (templates that
-            # write ids write these into the model's turn; the others ignore them).
+            # The family's own ids, else ids of 9 letters and digits, as Mistral's formats
+            # require (templates that write ids write these into the model's turn; the
+            # others ignore them).
             message["tool_calls"] = [
                 {
-                    "id": f"call{i:05d}",
+                    "id": self._call_id(c.name, calls_before + i),
                     "type": "function",
                     "function": {"name": c.name, "arguments": copy.deepcopy(c.arguments)},
                 }
                 for i, c in enumerate(turn.calls)
             ]
         return message
+
+    def _call_id(self, name: str, index: int) -> str:
+        if self.call_ids is None:
+            return f"call{index:05d}"
+        return self.call_ids.format(name=name, index=index)
 
     def turn_ids(
         self, history: list[Message], message: Message, following: list[Message] | None = None
@@ -348,9 +361,15 @@ class FamilyRendering:
         """The whole conversation as messages, and the engine's ids for each turn."""
         messages = [dict(m) for m in conversation.prompt]
         outputs = []
+        calls_before = 0
         for turn in conversation.turns:
-            message = self.assistant_message(turn)
+            message = self.assistant_message(turn, calls_before)
+            calls_before += len(turn.calls)
             results = [{"role": "tool", "content": call.result} for call in turn.calls]
+            if self.call_ids is not None:
+                # The model wrote each call's id: its result names it, as the loop's do.
+                for result, call in zip(results, message.get("tool_calls", []), strict=True):
+                    result["tool_call_id"] = call["id"]
             outputs.append(self.turn_ids(messages, message, results))
             messages.append(message)
             messages.extend(results)
@@ -398,10 +417,12 @@ class FidelityHarness:
         tool_parser: str,
         reasoning_parser: str | None,
         stop_tokens: tuple[str, ...] = (),
+        call_ids: str | None = None,
     ) -> None:
         """``stop_tokens``: the model's stop tokens besides eos, as its generation config
         lists them (``ModelFamily.stop_tokens``); the first ends an answer when the
-        template writes no end of turn."""
+        template writes no end of turn. ``call_ids``: the ids its models write for their
+        calls (``ModelFamily.call_ids``)."""
         from agentrl.server.gateway.config import GatewayConfig
         from agentrl.server.gateway.service import GatewayService
         from agentrl.server.gateway.sink import InMemorySink
@@ -409,7 +430,9 @@ class FidelityHarness:
         self.tool_parser = get_tool_parser(tool_parser, tokenizer, TOOL_SCHEMAS)
         stops = (*self.tool_parser.end_of_turn_tokens, *stop_tokens)
         answer_stop = stop_tokens[0] if stop_tokens else None
-        self.rendering = FamilyRendering(tokenizer, tools_in_system_prompt, stops, answer_stop)
+        self.rendering = FamilyRendering(
+            tokenizer, tools_in_system_prompt, stops, answer_stop, call_ids
+        )
         self.reasoning_parser = get_reasoning_parser(reasoning_parser, tokenizer)
         self.renderer = ChatRenderer(
             tokenizer,
@@ -444,6 +467,7 @@ class FidelityHarness:
             tool_parser or family.tool_parser,
             family.reasoning_parser,
             family.stop_tokens,
+            family.call_ids,
         )
 
     def _start(self, conversation: Conversation) -> tuple[str, list[Message], list[list[int]]]:

@@ -378,7 +378,9 @@ class GatewayService:
             choice.finish_reason = "tool_calls"
             choice.tool_calls = [
                 {
-                    "id": f"call_{uuid.uuid4().hex}",
+                    # The model's own id when it wrote one (Kimi K2's): the client echoes
+                    # it back, and the template must render the call as it was sampled.
+                    "id": call.id or f"call_{uuid.uuid4().hex}",
                     "type": "function",
                     "function": {
                         "name": call.name,

@@ -143,8 +143,11 @@ def _hermes_text(message: dict[str, Any]) -> str:
 def _for_family(fam: ModelFamily, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``conversation`` as ``fam``'s agent loop holds it: families without ``tools=`` get the
     tool prompt in the system message and the calls in the content; Llama-3 JSON turns with
-    calls are only the calls."""
+    calls are only the calls; a family whose models write call ids (Kimi K2) gets them,
+    and its results name them."""
     messages = [dict(message) for message in conversation]
+    if fam.call_ids:
+        messages = _with_written_ids(fam.call_ids, messages)
     for message in messages:
         if message["role"] != "assistant":
             continue
@@ -155,6 +158,24 @@ def _for_family(fam: ModelFamily, conversation: list[dict[str, Any]]) -> list[di
     if fam.tools_in_system_prompt:
         messages = with_tools_system_prompt(messages, tools_system_prompt(TOOLS))
     return messages
+
+
+def _with_written_ids(call_ids: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each call with the id ``call_ids`` formats (its index counting the conversation's
+    calls), each result with the id of the call it answers."""
+    out, pending, count = [], [], 0
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [dict(call) for call in message["tool_calls"]]
+            for call in message["tool_calls"]:
+                call["id"] = call_ids.format(name=call["function"]["name"], index=count)
+                pending.append(call["id"])
+                count += 1
+        elif message["role"] == "tool":
+            message["tool_call_id"] = pending.pop(0)
+        out.append(message)
+    return out
 
 
 def _render(fam: ModelFamily, messages: list[dict[str, Any]], prompt: bool) -> str:
@@ -190,7 +211,7 @@ def request_with_tools():
 def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
-        *("mistral_v13", "magistral", "gpt_oss", "glm45"),
+        *("mistral_v13", "magistral", "gpt_oss", "glm45", "kimi_k2"),
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -237,6 +258,12 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
             *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
             *("<arg_value>", "</arg_value>"),
+        ],
+        "kimi_k2": [
+            *("[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>"),
+            *("<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>"),
+            *("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>"),
+            *("<|tool_call_argument_begin|>", "<think>", "</think>"),
         ],
         "deepseek_r1": [
             *("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
@@ -326,8 +353,8 @@ def test_prefix_stable_within_a_tool_chain(name, conversation):
 
 def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
     """For each assistant message: (message, turn text, turn ids), the turn being the full
-    render minus the generation prompt, checked to split at a token boundary; for a family
-    whose template writes no end of turn, followed by the stop token at which its model
+    render minus the generation prompt, checked to split at a token boundary; when the
+    template writes no end of turn (GLM's), followed by the stop token at which its model
     stops (``_stop_after``)."""
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -340,7 +367,7 @@ def _assistant_turns(fam: ModelFamily, messages: list[dict[str, Any]]):
         turn_ids = full_ids[len(prompt_ids) :]
         turn = full[len(prompt) :]
         assert fam.tokenizer().decode(turn_ids, skip_special_tokens=False) == turn
-        if fam.stop_tokens:
+        if fam.stop_tokens and not any(stop in turn for stop in _turn_stop(fam)):
             stop = _stop_after(fam, messages, i, full)
             turn, turn_ids = turn + stop, turn_ids + _ids(fam, stop)
         yield message, turn, turn_ids
@@ -401,7 +428,7 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
     kept): the reasoning parser splits off the reasoning exactly (newline-wrapped, as the
     templates write it), then the tool parser returns every call with its exact arguments.
     The text tags are not special tokens, so skipping special tokens parses the same
-    (except Mistral's ``[TOOL_CALLS]``, a control token)."""
+    (except for parsers that ask vLLM to keep them: Mistral's, Kimi's)."""
     fam = family(name)
     tool_parser, reasoning_parser = _parsers(fam)
     tokenizer = fam.tokenizer()
@@ -410,10 +437,12 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
     ):
         stop_ids = tokenizer.convert_tokens_to_ids(list(_turn_stop(fam)))
         generated = turn_ids[: min(turn_ids.index(i) for i in stop_ids if i in turn_ids)]
-        # Mistral's [TOOL_CALLS] is a control token: vLLM keeps special tokens for its
-        # parser (MistralParser.adjust_request), as agentrl's loops and gateway always do.
-        mistral = fam.tool_parser == "mistral"
-        for skip_special_tokens in (False,) if mistral else (False, True):
+        # Mistral's [TOOL_CALLS] is a control token, Kimi's call section special tokens:
+        # vLLM keeps special tokens for the parsers that ask (their adjust_request), as
+        # agentrl's loops and gateway always do.
+        adjusted = tool_parser.adjust_request(request_with_tools.model_copy())
+        keeps_specials = not adjusted.skip_special_tokens
+        for skip_special_tokens in (False,) if keeps_specials else (False, True):
             text = tokenizer.decode(generated, skip_special_tokens=skip_special_tokens)
             content = text
             if reasoning_parser is not None:
@@ -434,10 +463,11 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
 def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
     """The reasoning ``fam``'s parser returns for an assistant message: ``<think>``
     templates write it with one newline each side, which the parsers keep (an empty block
-    gives two newlines); Magistral's ``[THINK]`` has none, and no block when empty; GLM's
-    ``\n<think>`` comes back with its newline, and as no reasoning when empty."""
+    gives two newlines); Magistral's ``[THINK]`` and Kimi's ``<think>`` have none, and
+    come back as no reasoning when empty; GLM's ``\n<think>`` comes back with its newline,
+    and as no reasoning when empty."""
     reasoning = message.get("reasoning_content") or ""
-    if fam.reasoning_parser == "mistral":
+    if fam.reasoning_parser in ("mistral", "kimi_k2"):
         return reasoning or None
     if fam.reasoning_parser == "glm45":
         return f"\n{reasoning}" if reasoning else None

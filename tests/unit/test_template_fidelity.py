@@ -216,3 +216,69 @@ def test_gateway_continues_only_the_history_the_model_saw(change):
         assert samples[1].prompt_ids + samples[1].response_ids == engine_saw
         first_sample = samples[0].prompt_ids + samples[0].response_ids
         assert first_sample == h.engine.calls[-2].prompt_ids + outputs[0]
+
+
+# --- call ids the model writes (Kimi K2) ---------------------------------------------------
+
+
+def _kimi_conversation() -> Conversation:
+    calls = [ToolCallSpec("search", {"query": "q"}, "hit"), ToolCallSpec("now", {}, "noon")]
+    return Conversation(
+        [{"role": "user", "content": "find it"}],
+        [
+            AssistantTurn("Looking.", "Two calls.", calls),
+            AssistantTurn("", "One more.", [ToolCallSpec("search", {"query": "r"}, "miss")]),
+            AssistantTurn("It is q at noon.", "Done."),
+        ],
+    )
+
+
+async def test_the_loop_answers_each_call_under_the_id_the_model_wrote():
+    h = harness("kimi_k2")
+    conversation = _kimi_conversation()
+    session, _, _ = h._start(conversation)  # the scripted turns and tool results
+    context = AgentLoopContext(
+        client=h.engine,
+        tokenizer=h.rendering.tokenizer,
+        renderer=h.renderer,
+        tools=h.tools,
+        tool_parser=h.tool_parser,
+        config=RolloutConfig(keep_messages=True),
+        session_id=session,
+        reasoning_parser=h.reasoning_parser,
+    )
+    out = await ToolAgentLoop(context).run(
+        {"prompt": conversation.prompt}, SamplingParams(max_tokens=512)
+    )
+    results = [m for m in out.extra["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in results] == [
+        "functions.search:0",
+        "functions.now:1",
+        "functions.search:2",
+    ]
+    response = h.rendering.tokenizer.decode(out.response_ids)
+    assert "## Return of functions.now:1\nnoon" in response
+
+
+def test_the_gateway_hands_the_client_the_ids_the_model_wrote():
+    """A client that echoes the reply's ids continues the one sample, token for token (a
+    gateway id of its own would render a call the model never wrote)."""
+    h = harness("kimi_k2")
+    conversation = _kimi_conversation()
+    _, h._outputs = h.rendering.reference(conversation)
+    client = TestClient(build_app(h.gateway))
+    messages = list(conversation.prompt)
+    ids = []
+    for turn in conversation.turns:
+        reply = _post(client, "kimi-gateway", messages)
+        messages.append({k: v for k, v in reply.items() if k != "reasoning" and v is not None})
+        for call, spec in zip(reply.get("tool_calls") or [], turn.calls, strict=True):
+            ids.append(call["id"])
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": spec.result})
+    assert ids == ["functions.search:0", "functions.now:1", "functions.search:2"]
+    stats = client.post("/v1/sessions/kimi-gateway/finish", json={}).json()
+    [(_, samples, _)] = h.sink.drain()
+    assert len(samples) == 1 and stats["metrics"]["gateway/divergences"] == 0
+    reference, _ = h.rendering.reference(conversation)
+    rendered = h.rendering.encode(h.rendering.render(reference, add_generation_prompt=False))
+    assert samples[0].prompt_ids + samples[0].response_ids == rendered
