@@ -476,6 +476,9 @@ class FidelityHarness:
         messages, self._outputs = self.rendering.reference(conversation)
         self.results = {_call_key(c.name, c.arguments): c.result for c in conversation.calls}
         self.executed = []
+        # Only this conversation's calls are read: kept for a whole run (100,000
+        # conversations), every earlier prompt would grow the process by gigabytes.
+        self.engine.calls.clear()
         return f"episode-{self._episodes}", messages, self._outputs
 
     async def check(self, conversation: Conversation) -> FidelityReport:
