@@ -61,7 +61,8 @@ class ToolAgentLoop(AgentLoopBase):
         # Read once: this loop runs thousands of times a second per worker.
         config, renderer, parser = self.config, self.renderer, self.context.tool_parser
         reasoning_parser = self.context.reasoning_parser
-        decode, perf_counter = renderer.decode_text, time.perf_counter
+        decode, ends_turn = renderer.decode_text, renderer.ends_turn
+        perf_counter = time.perf_counter
         budget = config.max_response_length
         limit, side = config.max_tool_response_length, config.tool_response_truncate_side
         response = trajectory.response_ids  # grows in place as turns are added
@@ -77,7 +78,7 @@ class ToolAgentLoop(AgentLoopBase):
                 trajectory.add_model_turn(out)
                 assistant_turns += 1
                 token_ids = out.token_ids
-                ended_with_eos = renderer.ends_turn(token_ids)
+                ended_with_eos = ends_turn(token_ids)
                 text = decode(token_ids[:-1] if ended_with_eos else token_ids)
                 reasoning = None
                 if reasoning_parser is not None:
