@@ -88,6 +88,20 @@ def _broken_call_turn(h: FidelityHarness, reasoning: str | None) -> list[list[in
     return outputs
 
 
+def _loop_context(h: FidelityHarness, session: str, config: RolloutConfig) -> AgentLoopContext:
+    """A tool loop's context on the harness's scripted engine, tools and parsers."""
+    return AgentLoopContext(
+        client=h.engine,
+        tokenizer=h.rendering.tokenizer,
+        renderer=h.renderer,
+        tools=h.tools,
+        tool_parser=h.tool_parser,
+        config=config,
+        session_id=session,
+        reasoning_parser=h.reasoning_parser,
+    )
+
+
 @pytest.mark.parametrize("name", NAMES)
 async def test_a_malformed_call_is_answered_with_an_error_and_counted(name):
     model = family(name)
@@ -95,17 +109,7 @@ async def test_a_malformed_call_is_answered_with_an_error_and_counted(name):
     outputs = _broken_call_turn(h, "think" if model.reasoning_parser else None)
     h._outputs = outputs
     h.executed = []
-    context = AgentLoopContext(
-        client=h.engine,
-        tokenizer=h.rendering.tokenizer,
-        renderer=h.renderer,
-        tools=h.tools,
-        tool_parser=h.tool_parser,
-        config=RolloutConfig(),
-        session_id=f"malformed-{name}",
-        reasoning_parser=h.reasoning_parser,
-    )
-    out = await ToolAgentLoop(context).run(
+    out = await ToolAgentLoop(_loop_context(h, f"malformed-{name}", RolloutConfig())).run(
         {"prompt": [{"role": "user", "content": "look it up"}]}, SamplingParams(max_tokens=512)
     )
     assert out.metrics["tool_calls/malformed"] == 1
@@ -237,16 +241,7 @@ async def test_the_loop_answers_each_call_under_the_id_the_model_wrote():
     h = harness("kimi_k2")
     conversation = _kimi_conversation()
     session, _, _ = h._start(conversation)  # the scripted turns and tool results
-    context = AgentLoopContext(
-        client=h.engine,
-        tokenizer=h.rendering.tokenizer,
-        renderer=h.renderer,
-        tools=h.tools,
-        tool_parser=h.tool_parser,
-        config=RolloutConfig(keep_messages=True),
-        session_id=session,
-        reasoning_parser=h.reasoning_parser,
-    )
+    context = _loop_context(h, session, RolloutConfig(keep_messages=True))
     out = await ToolAgentLoop(context).run(
         {"prompt": conversation.prompt}, SamplingParams(max_tokens=512)
     )
