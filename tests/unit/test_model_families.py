@@ -19,6 +19,7 @@ import functools
 import json
 import random
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -147,7 +148,8 @@ def _for_family(fam: ModelFamily, conversation: list[dict[str, Any]]) -> list[di
     and its results name them."""
     messages = [dict(message) for message in conversation]
     if fam.call_ids:
-        messages = _with_written_ids(fam.call_ids, messages)
+        call_ids = fam.call_ids
+        messages = _with_ids(messages, lambda name, i: call_ids.format(name=name, index=i))
     for message in messages:
         if message["role"] != "assistant":
             continue
@@ -160,16 +162,18 @@ def _for_family(fam: ModelFamily, conversation: list[dict[str, Any]]) -> list[di
     return messages
 
 
-def _with_written_ids(call_ids: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each call with the id ``call_ids`` formats (its index counting the conversation's
-    calls), each result with the id of the call it answers."""
+def _with_ids(
+    messages: list[dict[str, Any]], call_id: Callable[[str, int], str]
+) -> list[dict[str, Any]]:
+    """Each call with the id ``call_id(name, index)`` (the index counting the
+    conversation's calls from 0), each result with the id of the call it answers."""
     out, pending, count = [], [], 0
     for message in messages:
         message = dict(message)
         if message.get("tool_calls"):
             message["tool_calls"] = [dict(call) for call in message["tool_calls"]]
             for call in message["tool_calls"]:
-                call["id"] = call_ids.format(name=call["function"]["name"], index=count)
+                call["id"] = call_id(call["function"]["name"], count)
                 pending.append(call["id"])
                 count += 1
         elif message["role"] == "tool":
@@ -625,23 +629,15 @@ def _with_call_ids(
     answering its call, unless ``content_beside_calls`` (v11+) no content beside calls
     (v3 refuses both in one turn), and unless ``reasoning`` (Magistral) no reasoning.
     Empty reasoning is dropped: the template writes no think block for it."""
-    messages, pending, count = [], [], 0
+    messages = []
     for message in conversation:
         message = {
             k: v for k, v in message.items() if k != "reasoning_content" or (reasoning and v)
         }
-        if message.get("tool_calls"):
-            if not content_beside_calls:
-                message["content"] = ""
-            message["tool_calls"] = [dict(call) for call in message["tool_calls"]]
-            for call in message["tool_calls"]:
-                count += 1
-                call["id"] = f"c{count:08d}"
-                pending.append(call["id"])
-        elif message["role"] == "tool":
-            message["tool_call_id"] = pending.pop(0)
+        if message.get("tool_calls") and not content_beside_calls:
+            message["content"] = ""
         messages.append(message)
-    return messages
+    return _with_ids(messages, lambda _name, i: f"c{i + 1:08d}")
 
 
 def test_mistral_template_renders_the_ids_of_mistral_commons_encoder():
