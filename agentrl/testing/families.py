@@ -31,6 +31,9 @@ Families (``FAMILIES``):
   each call under the id the model writes (``functions.NAME:INDEX``,
   ``ModelFamily.call_ids``), each result naming it; turns end at ``<|im_end|>``, which
   the model's generation config lists (its tokenizer's eos is ``[EOS]``).
+- ``gemma4``: Gemma-4-style turn, channel and tool tokens on the legacy Qwen vocabulary;
+  calls in Gemma's own value syntax (``call:NAME{key:<|"|>text<|"|>,n:1}``), results
+  inside the model's turn (it stops at ``<|tool_response>`` and goes on after them).
 - ``mistral``: Mistral NeMo's tekken vocabulary and control tokens from ``mistral-common``;
   Mistral's v3 format (``[AVAILABLE_TOOLS]``, ``[INST]``, ``[TOOL_CALLS]`` and a JSON list
   of calls, ``[TOOL_RESULTS]``), token for token what mistral-common's own encoder writes,
@@ -423,13 +426,107 @@ KIMI_K2_TEMPLATE = (
 {%- if add_generation_prompt %}{{- '<|im_assistant|>assistant<|im_middle|>' }}{%- endif %}
 """
 ).strip()
-"""Kimi-K2-style: ``<|im_system|>``/``<|im_user|>``/``<|im_assistant|>`` turns named after
-``<|im_middle|>`` and closed by ``<|im_end|>``, the tools declared as a JSON list in a
-``tool_declare`` turn, a ``<think>`` block on every assistant turn (empty before the last
+"""Kimi-K2-style: ``<|im_system|>``/``<|im_user|>``/``<|im_assistant|>`` turns, each naming
+its role before ``<|im_middle|>`` and closed by ``<|im_end|>``, the tools declared as a JSON
+list in a ``tool_declare`` turn, a ``<think>`` block on every assistant turn (empty before the last
 user message, as K2-Thinking), calls in a ``<|tool_calls_section_begin|>`` section, each
 under the id the model writes (``functions.NAME:INDEX``, the index counting the
 conversation's calls), and each result in a ``tool`` turn headed ``## Return of ID``: the
 one format here whose call ids are the model's own text."""
+
+GEMMA4_TEMPLATE = (
+    _PREAMBLE
+    + """
+{%- macro gemma_value(value) %}
+    {%- if value is string %}{{- '<|"|>' + value + '<|"|>' }}
+    {%- elif value is boolean %}{{- 'true' if value else 'false' }}
+    {%- elif value is none %}{{- 'null' }}
+    {%- elif value is mapping %}
+        {{- '{' }}
+        {%- for key, item in value.items() %}
+            {%- if not loop.first %}{{- ',' }}{%- endif %}
+            {{- key + ':' + gemma_value(item) }}
+        {%- endfor %}
+        {{- '}' }}
+    {%- elif value is iterable %}
+        {{- '[' }}
+        {%- for item in value %}
+            {%- if not loop.first %}{{- ',' }}{%- endif %}
+            {{- gemma_value(item) }}
+        {%- endfor %}
+        {{- ']' }}
+    {%- else %}{{- value | string }}
+    {%- endif %}
+{%- endmacro %}
+{{- '<bos><|turn>system\\n<|think|>\\n' }}
+{%- if system is not none %}{{- system }}{%- endif %}
+{%- for tool in tools or [] %}
+    {%- set fn = tool.function if tool.function is defined else tool %}
+    {%- set declared = {'description': fn.description or '', 'parameters': fn.parameters or {}} %}
+    {{- '<|tool>declaration:' + fn.name + gemma_value(declared) + '<tool|>' }}
+{%- endfor %}
+{{- '<turn|>' }}
+{%- set ns.caller = none %}
+{%- for message in messages %}
+    {%- set previous = messages[loop.index0 - 1].role if loop.index0 > 0 else none %}
+    {%- if message.role == 'user' %}
+        {%- if previous in ['assistant', 'tool'] %}{{- '<turn|>' }}{%- endif %}
+        {{- '\\n<|turn>user\\n' + message.content + '<turn|>' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning = message.reasoning_content or '' if loop.index0 > ns.last_user else '' %}
+        {%- if previous == 'tool' %}
+            {{- '<|channel>thought\\n' + reasoning.strip() + '<channel|>' }}
+        {%- else %}
+            {{- '\\n<|turn>model\\n' }}
+            {%- if reasoning.strip() %}
+                {{- '<|channel>thought\\n' + reasoning.strip() + '<channel|>' }}
+            {%- endif %}
+        {%- endif %}
+        {{- message.content or '' }}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if fn.arguments is string %}
+                {{- raise_exception('gemma4 renders arguments given as a mapping') }}
+            {%- endif %}
+            {{- '<|tool_call>call:' + fn.name + gemma_value(fn.arguments) + '<tool_call|>' }}
+        {%- endfor %}
+        {%- set ns.caller = loop.index0 %}
+    {%- elif message.role == 'tool' %}
+        {%- set calls = [] if ns.caller is none else messages[ns.caller].tool_calls or [] %}
+        {%- set index = 0 if ns.caller is none else loop.index0 - ns.caller - 1 %}
+        {%- if index < calls | length %}
+            {%- set call = calls[index] %}
+            {%- set name = (call.function if call.function is defined else call).name %}
+        {%- elif message.name %}
+            {%- set name = message.name %}
+        {%- else %}
+            {{- raise_exception('a tool message needs the name of its function: give it a '
+                + 'name, or come after the assistant message whose call it answers') }}
+        {%- endif %}
+        {{- '<|tool_response>response:' + name + '{value:' + gemma_value(message.content) }}
+        {{- '}<tool_response|>' }}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {%- if messages and messages[-1].role == 'tool' %}{{- '<|channel>thought\\n' }}
+    {%- else %}{{- '\\n<|turn>model\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+).strip()
+"""Gemma-4-style: ``<|turn>ROLE`` turns, thinking switched on in the system turn
+(``<|think|>``), the tools declared there as ``<|tool>declaration:NAME{...}<tool|>``,
+reasoning in a ``<|channel>thought`` block (kept after the last user message), calls as
+``<|tool_call>call:NAME{key:value,...}<tool_call|>`` in Gemma's own value syntax (strings
+between ``<|"|>`` tokens, other values bare; keys in the order given, where Gemma's
+template sorts them), and the results inside the same model turn, each
+``<|tool_response>response:NAME{value:...}<tool_response|>`` (NAME: the call it answers,
+by position, or the result's ``name``), after which the model goes on in a reasoning block
+the prompt opens. A model turn writes no end of its own: the model stops at the token that
+opens what follows, ``<|tool_response>`` after calls and ``<turn|>`` after an answer
+(written before the next user turn), as GLM's turns do."""
 
 # The tool list as every Mistral format writes it: a JSON list of OpenAI function tools.
 _MISTRAL_TOOLS = """
@@ -1109,6 +1206,20 @@ _KIMI_K2_TOKENS = [
     _AddedToken("<think>", special=False),
     _AddedToken("</think>", special=False),
 ]
+# Gemma 4's turn, reasoning, tool and string-delimiter tokens are all special (vLLM's gemma4
+# parser asks the engine to keep special tokens).
+_GEMMA4_TOKENS = [
+    _AddedToken(token)
+    for token in (
+        *("<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|think|>", "<|channel>"),
+        *("<channel|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>"),
+        *("<|tool_response>", "<tool_response|>", '<|"|>'),
+    )
+]
+GEMMA4_STOP_TOKENS = ("<turn|>", "<|tool_response>")
+"""Gemma 4's generation config ends a turn at ``<turn|>`` (an answer) and at the
+``<|tool_response>`` that opens a call's result; its tokenizer's eos is ``<eos>``."""
+
 KIMI_K2_STOP_TOKENS = ("<|im_end|>",)
 """Kimi's generation config ends a turn at ``<|im_end|>``; its tokenizer's eos is ``[EOS]``."""
 
@@ -1176,6 +1287,17 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="[EOS]",
         )
         return _with_template(tokenizer, KIMI_K2_TEMPLATE)
+    if name == "gemma4":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _GEMMA4_TOKENS,
+            bos_token="<bos>",
+            eos_token="<eos>",
+            pad_token="<pad>",
+        )
+        return _with_template(tokenizer, GEMMA4_TEMPLATE)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     if name == "mistral_v13":
@@ -1291,6 +1413,16 @@ FAMILIES: dict[str, ModelFamily] = {
             "after Kimi K2's documented format",
             stop_tokens=KIMI_K2_STOP_TOKENS,
             call_ids="functions.{name}:{index}",
+        ),
+        ModelFamily(
+            name="gemma4",
+            tool_parser="gemma4",
+            reasoning_parser="gemma4",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus Gemma 4's "
+            "turn, channel, tool and string-delimiter tokens; chat template written for "
+            "agentrl (Apache-2.0) after Gemma 4's documented format",
+            stop_tokens=GEMMA4_STOP_TOKENS,
         ),
         ModelFamily(
             name="mistral",

@@ -72,7 +72,12 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                 "properties": {
                     "record": {"type": "integer"},
                     "flags": {"type": "array", "items": {"type": "string"}},
-                    "options": {"type": "object"},
+                    # Typed: Gemma's bare values in an untyped object come back as text
+                    # (vLLM's gemma4 parser types them by the schema).
+                    "options": {
+                        "type": "object",
+                        "properties": {"mode": {"type": "string"}, "n": {"type": "integer"}},
+                    },
                     "enabled": {"type": "boolean"},
                 },
                 "required": ["record"],

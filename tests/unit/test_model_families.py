@@ -215,7 +215,7 @@ def request_with_tools():
 def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
-        *("mistral_v13", "magistral", "gpt_oss", "glm45", "kimi_k2"),
+        *("mistral_v13", "magistral", "gpt_oss", "glm45", "kimi_k2", "gemma4"),
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -268,6 +268,11 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>"),
             *("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>"),
             *("<|tool_call_argument_begin|>", "<think>", "</think>"),
+        ],
+        "gemma4": [
+            *("<bos>", "<eos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"),
+            *("<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>"),
+            *("<tool_response|>", '<|"|>'),
         ],
         "deepseek_r1": [
             *("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
@@ -454,7 +459,7 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
                 assert reasoning == _parsed_reasoning(fam, message)
             parsed = tool_parser.extract_tool_calls(content or "", request_with_tools)
             expected = [
-                (call["function"]["name"], call["function"]["arguments"])
+                (call["function"]["name"], _as_parsed(fam, call["function"]["arguments"]))
                 for call in message.get("tool_calls", [])
             ]
             got = [(c.function.name, json.loads(c.function.arguments)) for c in parsed.tool_calls]
@@ -464,14 +469,33 @@ def test_vllm_parsers_recover_calls_and_reasoning(name, conversation, request_wi
                 assert (parsed.content or "").strip() == message["content"]
 
 
+def _as_parsed(fam: ModelFamily, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments ``fam``'s tool parser returns for ``arguments``. Gemma's call syntax
+    writes numbers, booleans and null bare, and vLLM's gemma4 parser types them by the
+    tool's schema: inside an object whose schema names no properties (``filters`` here)
+    they come back as their text."""
+    if fam.tool_parser != "gemma4":
+        return arguments
+
+    def as_text(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: as_text(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [as_text(item) for item in value]
+        return value if isinstance(value, str) else json.dumps(value)
+
+    untyped = {"filters"}  # TOOLS' `search`: {"type": "object"}, no properties
+    return {key: as_text(v) if key in untyped else v for key, v in arguments.items()}
+
+
 def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
     """The reasoning ``fam``'s parser returns for an assistant message: ``<think>``
     templates write it with one newline each side, which the parsers keep (an empty block
-    gives two newlines); Magistral's ``[THINK]`` and Kimi's ``<think>`` have none, and
-    come back as no reasoning when empty; GLM's ``\n<think>`` comes back with its newline,
-    and as no reasoning when empty."""
+    gives two newlines); Magistral's ``[THINK]``, Kimi's ``<think>`` and Gemma's
+    ``<|channel>thought`` have none, and come back as no reasoning when empty; GLM's
+    ``\n<think>`` comes back with its newline, and as no reasoning when empty."""
     reasoning = message.get("reasoning_content") or ""
-    if fam.reasoning_parser in ("mistral", "kimi_k2"):
+    if fam.reasoning_parser in ("mistral", "kimi_k2", "gemma4"):
         return reasoning or None
     if fam.reasoning_parser == "glm45":
         return f"\n{reasoning}" if reasoning else None
