@@ -458,6 +458,9 @@ class FidelityHarness:
             reasoning_parser=reasoning_parser,
             tools_in_system_prompt=self.rendering.calls_in_content,
             default_max_tokens=1 << 16,
+            # One conversation at a time, each finished before the next: a few sessions
+            # (the default keeps 10,000 finished ones, each with its ids, for an hour).
+            max_sessions=8,
         )
         self.gateway = GatewayService(self.engine, tokenizer, config, "m", 1 << 20, self.sink)
         self._episodes = 0
