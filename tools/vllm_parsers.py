@@ -42,6 +42,7 @@ _KNOWN_MARKERS = {
     "glm47": ("<tool_call>", "</tool_call>"),
     "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_end|>"),
     "gemma4": ("<|tool_call>", "<tool_call|>"),
+    "minimax_m2": ("<invoke name=", "</invoke>"),
 }
 # Formats whose calls open with no marker of their own: a JSON object starting the turn.
 _BARE_JSON_PARSERS = frozenset({"llama3_json", "llama4_json", "phi4_mini_json"})

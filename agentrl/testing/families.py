@@ -31,6 +31,9 @@ Families (``FAMILIES``):
   each call under the id the model writes (``functions.NAME:INDEX``,
   ``ModelFamily.call_ids``), each result naming it; turns end at ``<|im_end|>``, which
   the model's generation config lists (its tokenizer's eos is ``[EOS]``).
+- ``minimax_m2``: MiniMax-M2-style turn tokens on the legacy Qwen vocabulary; the
+  generation prompt opens ``<think>``; calls as ``<invoke name=...>`` blocks of
+  ``<parameter name=...>`` values in a ``<minimax:tool_call>`` block.
 - ``gemma4``: Gemma-4-style turn, channel and tool tokens on the legacy Qwen vocabulary;
   calls in Gemma's own value syntax (``call:NAME{key:<|"|>text<|"|>,n:1}``), results
   inside the model's turn (it stops at ``<|tool_response>`` and goes on after them).
@@ -433,6 +436,73 @@ user message, as K2-Thinking), calls in a ``<|tool_calls_section_begin|>`` secti
 under the id the model writes (``functions.NAME:INDEX``, the index counting the
 conversation's calls), and each result in a ``tool`` turn headed ``## Return of ID``: the
 one format here whose call ids are the model's own text."""
+
+MINIMAX_M2_TEMPLATE = (
+    _PREAMBLE
+    + """
+{{- ']~!b[' }}
+{%- if system is not none or tools %}
+    {{- ']~b]system\\n' + (system or '') }}
+    {%- if tools %}
+        {%- if system %}{{- '\\n\\n' }}{%- endif %}
+        {{- '# Tools\\nThese functions are available, each described by a JSON schema:\\n<tools>' }}
+        {%- for tool in tools %}{{- '\\n<tool>' + (tool | tojson) + '</tool>' }}{%- endfor %}
+        {{- '\\n</tools>\\n\\nTo call functions, write one invoke block per call:\\n'
+            + '<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="ARGUMENT">VALUE'
+            + '</parameter>\\n</invoke>\\n</minimax:tool_call>\\nwith a parameter for each '
+            + 'argument: a string as it is, any other value as JSON.' }}
+    {%- endif %}
+    {{- '[e~[\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {{- ']~b]user\\n' + message.content + '[e~[\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- ']~b]ai\\n' }}
+        {%- set content = message.content or '' %}
+        {%- if loop.index0 > ns.last_user %}
+            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
+            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
+            {{- '\\n</think>\\n\\n' }}
+            {%- set content = content.lstrip('\\n') %}
+        {%- endif %}
+        {{- content }}
+        {%- if message.tool_calls %}
+            {#- after the text, if any: the tool loop keeps a turn as its text #}
+            {{- ('\\n' if content else '') + '<minimax:tool_call>' }}
+            {%- for call in message.tool_calls %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- if fn.arguments is string %}
+                    {{- raise_exception('minimax_m2 renders arguments given as a mapping') }}
+                {%- endif %}
+                {{- '\\n<invoke name="' + fn.name + '">' }}
+                {%- for name, value in fn.arguments.items() %}
+                    {{- '\\n<parameter name="' + name + '">' }}
+                    {{- (value if value is string else value | tojson) + '</parameter>' }}
+                {%- endfor %}
+                {{- '\\n</invoke>' }}
+            {%- endfor %}
+            {{- '\\n</minimax:tool_call>' }}
+        {%- endif %}
+        {{- '[e~[\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if messages[loop.index0 - 1].role != 'tool' %}{{- ']~b]tool' }}{%- endif %}
+        {{- '\\n<response>' + message.content + '</response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '[e~[\\n' }}{%- endif %}
+    {%- elif not (loop.first and message.role == 'system') %}
+        {{- raise_exception('unexpected message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- ']~b]ai\\n<think>' }}{%- endif %}
+"""
+).strip()
+"""MiniMax-M2-style: ``]~b]ROLE`` turns (``system``, ``user``, ``ai``, ``tool``) closed by
+``[e~[``, the tools as ``<tool>`` JSON lines in the system turn, the generation prompt
+opening ``<think>`` (reasoning kept after the last user message), calls as
+``<invoke name="NAME">`` blocks of ``<parameter name="ARGUMENT">`` values (strings as they
+are, other values as JSON; vLLM's ``minimax_m2`` parser converts them back with the
+request's tool schema) in one ``<minimax:tool_call>`` block, and a turn's results in one
+``tool`` turn, each in ``<response>`` tags."""
 
 GEMMA4_TEMPLATE = (
     _PREAMBLE
@@ -1206,6 +1276,17 @@ _KIMI_K2_TOKENS = [
     _AddedToken("<think>", special=False),
     _AddedToken("</think>", special=False),
 ]
+# MiniMax's turn tokens are special; its reasoning and tool-call tags are text the model
+# writes (not special).
+_MINIMAX_M2_TOKENS = [
+    _AddedToken("]~!b["),
+    _AddedToken("]~b]"),
+    _AddedToken("[e~["),
+    *(
+        _AddedToken(tag, special=False)
+        for tag in ("<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>")
+    ),
+]
 # Gemma 4's turn, reasoning, tool and string-delimiter tokens are all special (vLLM's gemma4
 # parser asks the engine to keep special tokens).
 _GEMMA4_TOKENS = [
@@ -1287,6 +1368,17 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="[EOS]",
         )
         return _with_template(tokenizer, KIMI_K2_TEMPLATE)
+    if name == "minimax_m2":
+        tokenizer = _qwen_vocab_tokenizer(
+            name,
+            "qwen.tiktoken",
+            "PAT_STR",
+            _MINIMAX_M2_TOKENS,
+            bos_token="]~!b[",
+            eos_token="[e~[",
+            pad_token="[e~[",
+        )
+        return _with_template(tokenizer, MINIMAX_M2_TEMPLATE)
     if name == "gemma4":
         tokenizer = _qwen_vocab_tokenizer(
             name,
@@ -1413,6 +1505,15 @@ FAMILIES: dict[str, ModelFamily] = {
             "after Kimi K2's documented format",
             stop_tokens=KIMI_K2_STOP_TOKENS,
             call_ids="functions.{name}:{index}",
+        ),
+        ModelFamily(
+            name="minimax_m2",
+            tool_parser="minimax_m2",
+            reasoning_parser="minimax_m2",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus MiniMax's "
+            "turn tokens and M2's reasoning and tool-call tags; chat template written for "
+            "agentrl (Apache-2.0) after MiniMax-M2's documented format",
         ),
         ModelFamily(
             name="gemma4",

@@ -216,6 +216,7 @@ def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
         *("mistral_v13", "magistral", "gpt_oss", "glm45", "kimi_k2", "gemma4"),
+        "minimax_m2",
     }
     assert family("qwen3") is FAMILIES["qwen3"]
     with pytest.raises(KeyError, match="unknown model family"):
@@ -268,6 +269,10 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>"),
             *("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>"),
             *("<|tool_call_argument_begin|>", "<think>", "</think>"),
+        ],
+        "minimax_m2": [
+            *("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>"),
+            "</minimax:tool_call>",
         ],
         "gemma4": [
             *("<bos>", "<eos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"),
@@ -493,11 +498,12 @@ def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
     templates write it with one newline each side, which the parsers keep (an empty block
     gives two newlines); Magistral's ``[THINK]``, Kimi's ``<think>`` and Gemma's
     ``<|channel>thought`` have none, and come back as no reasoning when empty; GLM's
-    ``\n<think>`` comes back with its newline, and as no reasoning when empty."""
+    ``\n<think>`` comes back with its newline, and as no reasoning when empty, as does
+    MiniMax's (its parser drops the newline before ``</think>``)."""
     reasoning = message.get("reasoning_content") or ""
     if fam.reasoning_parser in ("mistral", "kimi_k2", "gemma4"):
         return reasoning or None
-    if fam.reasoning_parser == "glm45":
+    if fam.reasoning_parser in ("glm45", "minimax_m2"):
         return f"\n{reasoning}" if reasoning else None
     return f"\n{reasoning}\n"
 
