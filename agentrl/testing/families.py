@@ -27,6 +27,8 @@ Families (``FAMILIES``):
 - ``glm45``: GLM-4.5/4.6-style turn tokens and ``<tool_call>NAME<arg_key>..<arg_value>``
   calls on the legacy Qwen vocabulary; a model turn ends with the token that opens the
   next turn (``<|observation|>``, ``<|user|>``: ``ModelFamily.stop_tokens``).
+- ``glm47``: ``glm45`` as GLM-4.7 writes it: no newlines between a turn's parts, and the
+  generation prompt opens ``<think>``.
 - ``kimi_k2``: Kimi-K2-style turn and tool-section tokens on the legacy Qwen vocabulary;
   each call under the id the model writes (``functions.NAME:INDEX``,
   ``ModelFamily.call_ids``), each result naming it; turns end at ``<|im_end|>``, which
@@ -325,7 +327,9 @@ DEEPSEEK_R1_TEMPLATE = (
 ``<think>``; assistant turns after the last user message keep their (possibly empty)
 reasoning, earlier ones drop it; calls and outputs in DeepSeek's tool tokens."""
 
-GLM_TEMPLATE = (
+# GLM's format; GLM-4.7 writes no newlines where GLM-4.5 does (@NL@), and its generation
+# prompt opens the reasoning block (@PROMPT@).
+_GLM_BODY = (
     _PREAMBLE
     + """
 {{- '[gMASK]<sop>' }}
@@ -335,8 +339,8 @@ GLM_TEMPLATE = (
 """
     + _TOOLS_JSON_LINES
     + """
-    {{- '\\n</tools>\\n\\nTo call a function, write one block per call:\\n<tool_call>NAME\\n'
-        + '<arg_key>ARGUMENT</arg_key>\\n<arg_value>VALUE</arg_value>\\n</tool_call>\\nwith a '
+    {{- '\\n</tools>\\n\\nTo call a function, write one block per call:\\n<tool_call>NAME@NL@'
+        + '<arg_key>ARGUMENT</arg_key>@NL@<arg_value>VALUE</arg_value>@NL@</tool_call>\\nwith a '
         + 'key and a value for each argument: a string as it is, any other value as JSON.' }}
 {%- endif %}
 {%- for message in messages %}
@@ -345,35 +349,37 @@ GLM_TEMPLATE = (
     {%- elif message.role == 'user' %}
         {{- '<|user|>\\n' + message.content }}
     {%- elif message.role == 'assistant' %}
-        {{- '<|assistant|>\\n<think>' }}
+        {{- '<|assistant|>@NL@<think>' }}
         {%- if loop.index0 > ns.last_user %}
             {{- (message.reasoning_content or '').strip() }}
         {%- endif %}
         {{- '</think>' }}
         {%- set content = (message.content or '').strip() %}
-        {%- if content %}{{- '\\n' + content }}{%- endif %}
+        {%- if content %}{{- '@NL@' + content }}{%- endif %}
         {%- for call in message.tool_calls or [] %}
             {%- set fn = call.function if call.function is defined else call %}
             {%- if fn.arguments is string %}
-                {{- raise_exception('glm45 renders arguments given as a mapping') }}
+                {{- raise_exception('GLM renders arguments given as a mapping') }}
             {%- endif %}
-            {{- '\\n<tool_call>' + fn.name }}
+            {{- '@NL@<tool_call>' + fn.name }}
             {%- for name, value in fn.arguments.items() %}
-                {{- '\\n<arg_key>' + name + '</arg_key>\\n<arg_value>' }}
+                {{- '@NL@<arg_key>' + name + '</arg_key>@NL@<arg_value>' }}
                 {{- (value if value is string else value | tojson) + '</arg_value>' }}
             {%- endfor %}
-            {{- '\\n</tool_call>' }}
+            {{- '@NL@</tool_call>' }}
         {%- endfor %}
     {%- elif message.role == 'tool' %}
         {%- if messages[loop.index0 - 1].role != 'tool' %}{{- '<|observation|>' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+        {{- '@NL@<tool_response>@NL@' + message.content + '@NL@</tool_response>' }}
     {%- else %}
         {{- raise_exception('unexpected message role: ' + message.role) }}
     {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<|assistant|>@PROMPT@' }}{%- endif %}
 """
 ).strip()
+
+GLM_TEMPLATE = _GLM_BODY.replace("@NL@", "\\n").replace("@PROMPT@", "")
 """GLM-4.5/4.6-style: ``[gMASK]<sop>``, the tools in a ``<|system|>`` turn of their own,
 ``<|system|>``/``<|user|>``/``<|assistant|>`` turns with no end-of-turn text (a model turn
 ends with the token that opens the next one: ``<|observation|>`` before tool results,
@@ -382,6 +388,12 @@ template), a ``<think>`` block on every assistant turn (empty before the last us
 message), calls as ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs (strings
 as they are, other values as JSON; vLLM's ``glm45`` parser converts them back with the
 request's tool schema), tool results grouped after one ``<|observation|>``."""
+
+GLM47_TEMPLATE = _GLM_BODY.replace("@NL@", "").replace("@PROMPT@", "<think>")
+"""GLM-4.7-style: GLM-4.5's turns with no newline between a turn's parts (after
+``<|assistant|>``, around the calls' tags, around a tool response), and a generation
+prompt that opens the ``<think>`` block, so the model's text starts inside its reasoning
+(read by vLLM's ``glm47`` parsers, whose first state is reasoning)."""
 
 KIMI_K2_TEMPLATE = (
     _PREAMBLE
@@ -1347,7 +1359,7 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             pad_token="<｜end▁of▁sentence｜>",
         )
         return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
-    if name == "glm45":
+    if name in ("glm45", "glm47"):
         tokenizer = _qwen_vocab_tokenizer(
             name,
             "qwen.tiktoken",
@@ -1356,7 +1368,7 @@ def _build(name: str) -> PreTrainedTokenizerFast:
             eos_token="<|endoftext|>",
             pad_token="<|endoftext|>",
         )
-        return _with_template(tokenizer, GLM_TEMPLATE)
+        return _with_template(tokenizer, GLM_TEMPLATE if name == "glm45" else GLM47_TEMPLATE)
     if name == "kimi_k2":
         tokenizer = _qwen_vocab_tokenizer(
             name,
@@ -1493,6 +1505,16 @@ FAMILIES: dict[str, ModelFamily] = {
             source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus GLM's turn, "
             "reasoning, tool-call and argument tokens; chat template written for agentrl "
             "(Apache-2.0) after GLM-4.5's documented format",
+            stop_tokens=GLM_STOP_TOKENS,
+        ),
+        ModelFamily(
+            name="glm47",
+            tool_parser="glm47",
+            reasoning_parser="glm47",
+            tools_in_system_prompt=False,
+            source=f"legacy Qwen (Qwen2.5) vocabulary {_QWEN_PROVENANCE}, plus GLM's turn, "
+            "reasoning, tool-call and argument tokens; chat template written for agentrl "
+            "(Apache-2.0) after GLM-4.7's documented format",
             stop_tokens=GLM_STOP_TOKENS,
         ),
         ModelFamily(

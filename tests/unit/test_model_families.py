@@ -215,7 +215,7 @@ def request_with_tools():
 def test_family_lookup():
     assert set(FAMILIES) == {
         *("smollm2", "qwen3", "qwen3_coder", "llama3_json", "deepseek_r1", "mistral"),
-        *("mistral_v13", "magistral", "gpt_oss", "glm45", "kimi_k2", "gemma4"),
+        *("mistral_v13", "magistral", "gpt_oss", "glm45", "glm47", "kimi_k2", "gemma4"),
         "minimax_m2",
     }
     assert family("qwen3") is FAMILIES["qwen3"]
@@ -259,6 +259,12 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<|call|>", "<|return|>", "<|endoftext|>", "<|startoftext|>"),
         ],
         "glm45": [
+            *("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+            *("<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
+            *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
+            *("<arg_value>", "</arg_value>"),
+        ],
+        "glm47": [
             *("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
             *("<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
             *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
@@ -497,11 +503,12 @@ def _parsed_reasoning(fam: ModelFamily, message: dict[str, Any]) -> str | None:
     """The reasoning ``fam``'s parser returns for an assistant message: ``<think>``
     templates write it with one newline each side, which the parsers keep (an empty block
     gives two newlines); Magistral's ``[THINK]``, Kimi's ``<think>`` and Gemma's
-    ``<|channel>thought`` have none, and come back as no reasoning when empty; GLM's
+    ``<|channel>thought`` have none, and come back as no reasoning when empty, as do
+    GLM-4.7's (its prompt opens ``<think>``, its turns write no newlines); GLM-4.5's
     ``\n<think>`` comes back with its newline, and as no reasoning when empty, as does
     MiniMax's (its parser drops the newline before ``</think>``)."""
     reasoning = message.get("reasoning_content") or ""
-    if fam.reasoning_parser in ("mistral", "kimi_k2", "gemma4"):
+    if fam.reasoning_parser in ("mistral", "kimi_k2", "gemma4", "glm47"):
         return reasoning or None
     if fam.reasoning_parser in ("glm45", "minimax_m2"):
         return f"\n{reasoning}" if reasoning else None
