@@ -112,6 +112,19 @@ _PREAMBLE = """
 {%- set system = messages[0].content if messages and messages[0].role == 'system' else none %}
 """
 
+# An assistant turn's text with its reasoning (kept after the last user message) as
+# Qwen3's own template writes it: the parsers hand back the newlines around the reasoning,
+# and the template strips them again from `reasoning_content` and the content.
+_THINK_BLOCK = """
+        {%- set content = message.content or '' %}
+        {%- if loop.index0 > ns.last_user %}
+            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
+            {{- '\\n</think>\\n\\n' }}
+            {%- set content = content.lstrip('\\n') %}
+        {%- endif %}
+        {{- content }}
+"""
+
 _TOOLS_JSON_LINES = """
     {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
 """
@@ -135,20 +148,16 @@ _CHATML_HEADER = (
 """
 )
 
-_CHATML_TURNS = """
+_CHATML_TURNS = (
+    """
 {%- for message in messages %}
     {%- if message.role == 'user' %}
         {{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}
     {%- elif message.role == 'assistant' %}
         {{- '<|im_start|>assistant\\n' }}
-        {%- set content = message.content or '' %}
-        {%- if loop.index0 > ns.last_user %}
-            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
-            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
-            {{- '\\n</think>\\n\\n' }}
-            {%- set content = content.lstrip('\\n') %}
-        {%- endif %}
-        {{- content }}
+"""
+    + _THINK_BLOCK
+    + """
         {%- for call in message.tool_calls or [] %}
             {%- set fn = call.function if call.function is defined else call %}
             {%- if content or not loop.first %}{{- '\\n' }}{%- endif %}
@@ -167,6 +176,7 @@ _CHATML_TURNS = """
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
+)
 
 _HERMES_FORMAT = (
     "To call a function, write a JSON object with its name and arguments between "
@@ -288,14 +298,9 @@ DEEPSEEK_R1_TEMPLATE = (
         {{- '<｜User｜>' + message.content }}
     {%- elif message.role == 'assistant' %}
         {{- '<｜Assistant｜>' }}
-        {%- set content = message.content or '' %}
-        {%- if loop.index0 > ns.last_user %}
-            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
-            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
-            {{- '\\n</think>\\n\\n' }}
-            {%- set content = content.lstrip('\\n') %}
-        {%- endif %}
-        {{- content }}
+"""
+    + _THINK_BLOCK
+    + """
         {%- if message.tool_calls %}
             {{- '<｜tool▁calls▁begin｜>' }}
             {%- for call in message.tool_calls %}
@@ -471,14 +476,9 @@ MINIMAX_M2_TEMPLATE = (
         {{- ']~b]user\\n' + message.content + '[e~[\\n' }}
     {%- elif message.role == 'assistant' %}
         {{- ']~b]ai\\n' }}
-        {%- set content = message.content or '' %}
-        {%- if loop.index0 > ns.last_user %}
-            {#- as Qwen3's own template: the parsers hand back the newlines it writes #}
-            {{- '<think>\\n' + (message.reasoning_content or '').strip('\\n') }}
-            {{- '\\n</think>\\n\\n' }}
-            {%- set content = content.lstrip('\\n') %}
-        {%- endif %}
-        {{- content }}
+"""
+    + _THINK_BLOCK
+    + """
         {%- if message.tool_calls %}
             {#- after the text, if any: the tool loop keeps a turn as its text #}
             {{- ('\\n' if content else '') + '<minimax:tool_call>' }}
@@ -1321,6 +1321,55 @@ GLM_STOP_TOKENS = ("<|user|>", "<|observation|>")
 ``eos_token_id`` list): ``<|user|>`` after an answer, ``<|observation|>`` after calls."""
 
 
+# The families written on the legacy Qwen (Qwen2.5) vocabulary: their added tokens, chat
+# template, and bos/eos/pad tokens.
+_ON_LEGACY_QWEN: dict[str, tuple[list[_AddedToken], str, dict[str, str]]] = {
+    "llama3_json": (
+        _LLAMA3_TOKENS,
+        LLAMA3_JSON_TEMPLATE,
+        {
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|eot_id|>",
+            "pad_token": "<|end_of_text|>",
+        },
+    ),
+    "deepseek_r1": (
+        _DEEPSEEK_R1_TOKENS,
+        DEEPSEEK_R1_TEMPLATE,
+        {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "pad_token": "<｜end▁of▁sentence｜>",
+        },
+    ),
+    "glm45": (
+        _GLM_TOKENS,
+        GLM_TEMPLATE,
+        {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+    "glm47": (
+        _GLM_TOKENS,
+        GLM47_TEMPLATE,
+        {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+    "kimi_k2": (
+        _KIMI_K2_TOKENS,
+        KIMI_K2_TEMPLATE,
+        {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[EOS]"},
+    ),
+    "minimax_m2": (
+        _MINIMAX_M2_TOKENS,
+        MINIMAX_M2_TEMPLATE,
+        {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": "[e~["},
+    ),
+    "gemma4": (
+        _GEMMA4_TOKENS,
+        GEMMA4_TEMPLATE,
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
+    ),
+}
+
+
 @functools.cache
 def _build(name: str) -> PreTrainedTokenizerFast:
     """The tokenizer of family ``name``, once per process."""
@@ -1337,71 +1386,10 @@ def _build(name: str) -> PreTrainedTokenizerFast:
         return _with_template(
             tokenizer, QWEN3_TEMPLATE if name == "qwen3" else QWEN3_CODER_TEMPLATE
         )
-    if name == "llama3_json":
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _LLAMA3_TOKENS,
-            bos_token="<|begin_of_text|>",
-            eos_token="<|eot_id|>",
-            pad_token="<|end_of_text|>",
-        )
-        return _with_template(tokenizer, LLAMA3_JSON_TEMPLATE)
-    if name == "deepseek_r1":
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _DEEPSEEK_R1_TOKENS,
-            bos_token="<｜begin▁of▁sentence｜>",
-            eos_token="<｜end▁of▁sentence｜>",
-            pad_token="<｜end▁of▁sentence｜>",
-        )
-        return _with_template(tokenizer, DEEPSEEK_R1_TEMPLATE)
-    if name in ("glm45", "glm47"):
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _GLM_TOKENS,
-            eos_token="<|endoftext|>",
-            pad_token="<|endoftext|>",
-        )
-        return _with_template(tokenizer, GLM_TEMPLATE if name == "glm45" else GLM47_TEMPLATE)
-    if name == "kimi_k2":
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _KIMI_K2_TOKENS,
-            bos_token="[BOS]",
-            eos_token="[EOS]",
-            pad_token="[EOS]",
-        )
-        return _with_template(tokenizer, KIMI_K2_TEMPLATE)
-    if name == "minimax_m2":
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _MINIMAX_M2_TOKENS,
-            bos_token="]~!b[",
-            eos_token="[e~[",
-            pad_token="[e~[",
-        )
-        return _with_template(tokenizer, MINIMAX_M2_TEMPLATE)
-    if name == "gemma4":
-        tokenizer = _qwen_vocab_tokenizer(
-            name,
-            "qwen.tiktoken",
-            "PAT_STR",
-            _GEMMA4_TOKENS,
-            bos_token="<bos>",
-            eos_token="<eos>",
-            pad_token="<pad>",
-        )
-        return _with_template(tokenizer, GEMMA4_TEMPLATE)
+    if name in _ON_LEGACY_QWEN:
+        added, template, special = _ON_LEGACY_QWEN[name]
+        tokenizer = _qwen_vocab_tokenizer(name, "qwen.tiktoken", "PAT_STR", added, **special)
+        return _with_template(tokenizer, template)
     if name == "mistral":
         return _with_template(_mistral_tokenizer(), MISTRAL_TEMPLATE)
     if name == "mistral_v13":
