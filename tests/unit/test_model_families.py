@@ -264,12 +264,6 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
             *("<arg_value>", "</arg_value>"),
         ],
-        "glm47": [
-            *("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
-            *("<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
-            *("<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>"),
-            *("<arg_value>", "</arg_value>"),
-        ],
         "kimi_k2": [
             *("[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>"),
             *("<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>"),
@@ -292,7 +286,7 @@ def test_tokenizer_is_cached_and_has_its_tokens(name):
             *("<｜tool▁calls▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>"),
             *("<｜tool▁output▁end｜>", "<｜tool▁outputs▁end｜>"),
         ],
-    }[name]
+    }["glm45" if name == "glm47" else name]  # GLM-4.7 has GLM-4.5's tokens
     vocab = tokenizer.get_vocab()
     for token in wanted:
         assert _ids(fam, f"a{token}b")[1:-1] == [vocab[token]], token
