@@ -38,7 +38,7 @@ def test_a_tested_release_keeps_the_requested_swap_whatever_its_build_tag(caplog
     assert weight_swap_for("staged", release) == "staged"
     assert weight_swap_for("staged", f"{release}+cpu") == "staged"
     assert weight_swap_for("inplace", release) == "inplace"
-    assert not caplog.records
+    assert not [r for r in caplog.records if r.name == vllm_weights.__name__]
 
 
 @pytest.mark.parametrize("requested", ["staged", "inplace"])
@@ -64,7 +64,9 @@ def test_allowed_untested_release_loads_in_place_and_says_so_once(monkeypatch, c
     with caplog.at_level(logging.WARNING, logger=vllm_weights.__name__):
         assert weight_swap_for("staged", "0.11.0") == "inplace"
         assert weight_swap_for("staged", "0.11.0") == "inplace"
-    (record,) = caplog.records
+    # Only our module's records: the first import of vLLM's kernels in this process may
+    # log torch's own "Triton not available" (setup.sh removes Triton on CPU machines).
+    (record,) = [r for r in caplog.records if r.name == vllm_weights.__name__]
     assert "vLLM 0.11.0 is not a release the weight swaps are tested with" in (record.getMessage())
 
 
