@@ -258,7 +258,7 @@ class Trainer:
         calls) routes on this event loop until the steps end."""
         async with self.client:
             history = await self.train_steps()
-        if not self._checkpoint_due():  # else trainer.save_every has just written it
+        if not self._checkpoint_due():  # else the loop stopped early, just after one
             self.save_checkpoint()
         return history
 
@@ -513,9 +513,15 @@ class Trainer:
         return logged
 
     def _checkpoint_due(self) -> bool:
-        """Whether ``trainer.save_every`` asks for a checkpoint at this step."""
+        """Whether ``trainer.save_every`` asks for a checkpoint at this step, in the loop.
+
+        Never at the last step: ``fit`` writes that one after the loop, once the async
+        trainer's producer has stopped. Written in the loop, it raced the producer, whose
+        next rows (handed out for a step the run never trains) could land after it in the
+        audit, and the audit then read a completed run as one that lost them."""
         every = self.cfg.trainer.save_every
-        return bool(every) and self.step % every == 0
+        last = self.step >= self.cfg.trainer.total_steps
+        return bool(every) and self.step % every == 0 and not last
 
     # -- validation --------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The end of a training step: its metrics line is written before its checkpoint.
+"""The end of a training step: its metrics line is written before its checkpoint, and a
+completed run's last checkpoint after its loop has stopped.
 
 Found by the driver-kill fault (docs/benchmarks.md#fault-injection): a driver killed
 after the checkpoint but before the line resumed past a step that ``metrics.jsonl`` never
@@ -28,8 +29,15 @@ class _Recorder:
         return metrics
 
 
-def _trainer(tmp_path: Path, save_every: int) -> tuple[Trainer, _Recorder]:
-    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"trainer.save_every={save_every}"])
+def _trainer(tmp_path: Path, save_every: int, total_steps: int = 20) -> tuple[Trainer, _Recorder]:
+    cfg = load_config(
+        None,
+        [
+            f"trainer.run_dir={tmp_path}",
+            f"trainer.save_every={save_every}",
+            f"trainer.total_steps={total_steps}",
+        ],
+    )
     trainer = Trainer(cfg)
     recorder = _Recorder()
     trainer.tracker = recorder
@@ -86,3 +94,26 @@ def test_a_run_ends_with_one_checkpoint_of_its_last_step(tmp_path: Path, save_ev
     trainer.train_steps = two_steps
     asyncio.run(trainer.fit())
     assert [step for event, step in recorder.events if event == "checkpoint"] == saved
+
+
+@pytest.mark.parametrize(("save_every", "saved"), [(1, [1, 2]), (2, [2]), (3, [2]), (0, [2])])
+def test_a_completed_run_writes_its_last_checkpoint_after_the_loop_stops(
+    tmp_path: Path, save_every, saved
+):
+    """The async trainer's producer keeps handing out rows until the loop's ``finally``
+    stops it: a last checkpoint written inside the loop could precede some of those
+    rows in the audit, which then read the completed run as having lost them (found by
+    the FSDP-rank node loss of bench/fault_tolerance.py, 2026-12-02)."""
+    trainer, recorder = _trainer(tmp_path, save_every=save_every, total_steps=2)
+    trainer.client = _Client()
+
+    async def two_steps_then_stop_the_producer() -> list[dict[str, float]]:
+        history = [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]
+        recorder.events.append(("loop stopped", trainer.step))
+        return history
+
+    trainer.train_steps = two_steps_then_stop_the_producer
+    asyncio.run(trainer.fit())
+    checkpoints = [step for event, step in recorder.events if event == "checkpoint"]
+    assert checkpoints == saved
+    assert recorder.events[-2:] == [("loop stopped", 2), ("checkpoint", 2)]
