@@ -83,17 +83,29 @@ class _Client:
         return None
 
 
-@pytest.mark.parametrize(("save_every", "saved"), [(1, [1, 2]), (2, [2]), (3, [2]), (0, [2])])
-def test_a_run_ends_with_one_checkpoint_of_its_last_step(tmp_path: Path, save_every, saved):
-    trainer, recorder = _trainer(tmp_path, save_every=save_every)
+def _fit_two_steps(tmp_path: Path, save_every: int, total_steps: int) -> list[tuple[str, int]]:
+    """``fit`` over a loop of two steps that records when it stops: the recorded events."""
+    trainer, recorder = _trainer(tmp_path, save_every=save_every, total_steps=total_steps)
     trainer.client = _Client()
 
     async def two_steps() -> list[dict[str, float]]:
-        return [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]
+        history = [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]
+        recorder.events.append(("loop stopped", trainer.step))
+        return history
 
     trainer.train_steps = two_steps
     asyncio.run(trainer.fit())
-    assert [step for event, step in recorder.events if event == "checkpoint"] == saved
+    return recorder.events
+
+
+def _checkpoints(events: list[tuple[str, int]]) -> list[int]:
+    return [step for event, step in events if event == "checkpoint"]
+
+
+@pytest.mark.parametrize(("save_every", "saved"), [(1, [1, 2]), (2, [2]), (3, [2]), (0, [2])])
+def test_a_run_ends_with_one_checkpoint_of_its_last_step(tmp_path: Path, save_every, saved):
+    """A loop that stops before ``trainer.total_steps`` (20)."""
+    assert _checkpoints(_fit_two_steps(tmp_path, save_every, total_steps=20)) == saved
 
 
 @pytest.mark.parametrize(("save_every", "saved"), [(1, [1, 2]), (2, [2]), (3, [2]), (0, [2])])
@@ -104,16 +116,6 @@ def test_a_completed_run_writes_its_last_checkpoint_after_the_loop_stops(
     stops it: a last checkpoint written inside the loop could precede some of those
     rows in the audit, which then read the completed run as having lost them (found by
     the FSDP-rank node loss of bench/fault_tolerance.py, 2026-12-02)."""
-    trainer, recorder = _trainer(tmp_path, save_every=save_every, total_steps=2)
-    trainer.client = _Client()
-
-    async def two_steps_then_stop_the_producer() -> list[dict[str, float]]:
-        history = [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]
-        recorder.events.append(("loop stopped", trainer.step))
-        return history
-
-    trainer.train_steps = two_steps_then_stop_the_producer
-    asyncio.run(trainer.fit())
-    checkpoints = [step for event, step in recorder.events if event == "checkpoint"]
-    assert checkpoints == saved
-    assert recorder.events[-2:] == [("loop stopped", 2), ("checkpoint", 2)]
+    events = _fit_two_steps(tmp_path, save_every, total_steps=2)
+    assert _checkpoints(events) == saved
+    assert events[-2:] == [("loop stopped", 2), ("checkpoint", 2)]

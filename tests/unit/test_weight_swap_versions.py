@@ -33,12 +33,19 @@ def _fresh_warnings(monkeypatch):
     vllm_weights._warn_untested_vllm.cache_clear()
 
 
+def _our_records(caplog) -> list[logging.LogRecord]:
+    """The captured records of ``vllm_weights`` alone: the first import of vLLM's kernels
+    in a process may log torch's own "Triton not available" (setup.sh removes Triton on
+    CPU machines), depending on which test ran first."""
+    return [r for r in caplog.records if r.name == vllm_weights.__name__]
+
+
 def test_a_tested_release_keeps_the_requested_swap_whatever_its_build_tag(caplog):
     (release, *_) = TESTED_VLLM_VERSIONS
     assert weight_swap_for("staged", release) == "staged"
     assert weight_swap_for("staged", f"{release}+cpu") == "staged"
     assert weight_swap_for("inplace", release) == "inplace"
-    assert not [r for r in caplog.records if r.name == vllm_weights.__name__]
+    assert not _our_records(caplog)
 
 
 @pytest.mark.parametrize("requested", ["staged", "inplace"])
@@ -64,9 +71,7 @@ def test_allowed_untested_release_loads_in_place_and_says_so_once(monkeypatch, c
     with caplog.at_level(logging.WARNING, logger=vllm_weights.__name__):
         assert weight_swap_for("staged", "0.11.0") == "inplace"
         assert weight_swap_for("staged", "0.11.0") == "inplace"
-    # Only our module's records: the first import of vLLM's kernels in this process may
-    # log torch's own "Triton not available" (setup.sh removes Triton on CPU machines).
-    (record,) = [r for r in caplog.records if r.name == vllm_weights.__name__]
+    (record,) = _our_records(caplog)
     assert "vLLM 0.11.0 is not a release the weight swaps are tested with" in (record.getMessage())
 
 
