@@ -4,7 +4,8 @@ A producer task keeps starting episode groups whenever ``TrajectoryQueue`` allow
 (``(η + version + 1)·B − (accepted + running)``); the trainer takes complete groups,
 updates, and pushes weights while generation goes on (``pause(keep)`` holds in-flight
 requests for the swap only). η = ``trainer.max_staleness``: 0 is the synchronous loop,
-1 one-step-off-policy.
+1 one-step-off-policy. The producer stops once the last step's batch is in hand: the
+last update and the final validation run without generation beside them.
 
 With ``gateway.sink: queue`` (or ``queue:NAME``) the queue actor gets that name in
 ``ray.namespace``, and the gateway's queue sink puts finished sessions of free-running
@@ -81,6 +82,11 @@ class AsyncTrainer(Trainer):
                         batch = await self._next_batch(queue, producer)
                     if batch is None:
                         break
+                    if producer is not None and self.step + 1 >= cfg.trainer.total_steps:
+                        # The last batch is in hand: episodes started now would never be
+                        # trained, and would share the cores with the last update and the
+                        # final validation. Their rows stay pending in the last checkpoint.
+                        await _stop(producer)
                     metrics |= batch.metrics
                     rows = self._feed.rows_by_group if self._feed is not None else {}
                     metrics |= await self.train_on(batch.episodes, rows, metrics)
@@ -94,8 +100,7 @@ class AsyncTrainer(Trainer):
         finally:
             await _close_queue(queue)
             if producer is not None:
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
+                await _stop(producer)
             if queue_actor_name(cfg.gateway.sink) is not None:
                 ray.kill(queue)  # free the name for the next run in this Ray session
         return history
@@ -240,6 +245,12 @@ async def _unless_failed(awaitable: Awaitable[T], failure: asyncio.Future[None])
         task.cancel()
         failure.result()
     return task.result()
+
+
+async def _stop(producer: asyncio.Task) -> None:
+    """Cancel the producer and wait until its episode tasks are cancelled too."""
+    producer.cancel()
+    await asyncio.gather(producer, return_exceptions=True)
 
 
 async def _close_queue(queue: ray.actor.ActorHandle) -> None:
