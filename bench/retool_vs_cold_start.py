@@ -419,7 +419,10 @@ def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    # save_pretrained's one-shard tqdm bar would cut through the stages' rich progress.
+    transformers_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
         flat = Path(tmp) / "state.pt"
         dcp_to_torch_save(checkpoint / "model_optim", flat)
