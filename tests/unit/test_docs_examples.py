@@ -221,15 +221,69 @@ async def test_guide_runs_top_to_bottom(guide, workspace):
     await run_guide(guide, {})
 
 
+def bench_invocation(command: Command) -> tuple[Path, list[str]] | None:
+    """The script a ``python bench/NAME.py ...`` or ``agentrl bench NAME ...`` command runs,
+    with the options it passes (``--name`` of ``--name=value``); None for other commands."""
+    words = command.words
+    if words[0] in PYTHON and len(words) > 1 and re.fullmatch(r"bench/\w+\.py", words[1]):
+        script, rest = ROOT / words[1], words[2:]
+    elif command.is_agentrl and words[1:2] == ["bench"] and len(words) > 2:
+        script, rest = ROOT / "bench" / f"{words[2]}.py", words[3:]
+    else:
+        return None
+    return script, [word.split("=", 1)[0] for word in rest if word.startswith("-")]
+
+
+def declared_options(script: Path) -> set[str]:
+    """Every option string the script's own ``add_argument`` calls declare, and ``--help``."""
+    options = {"-h", "--help"}
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            options |= {
+                arg.value
+                for arg in node.args
+                if isinstance(arg, ast.Constant) and str(arg.value).startswith("-")
+            }
+    return options
+
+
 NOT_RUN = [(g, c) for g in GUIDES for c in guide_commands(g) if c.not_run]
+NOT_RUN_BENCH = [(g, c) for g, c in NOT_RUN if bench_invocation(c)]
+NOT_RUN_OTHER = [(g, c) for g, c in NOT_RUN if not bench_invocation(c)]
 
 
 @pytest.mark.parametrize(
-    ("guide", "command"), NOT_RUN, ids=[f"{g}:{c.words[0]}" for g, c in NOT_RUN]
+    ("guide", "command"), NOT_RUN_BENCH, ids=[f"{g}:{c.words[1]}" for g, c in NOT_RUN_BENCH]
+)
+def test_bench_commands_not_run_here_pass_only_options_their_script_declares(guide, command):
+    """A benchmark runs for minutes to hours, so the page's command is not run; its script
+    must exist and declare every option the command passes (a renamed flag fails here)."""
+    script, options = bench_invocation(command)
+    assert script.is_file(), f"{guide}: `{command.line}`: no {script.relative_to(ROOT)}"
+    unknown = sorted(set(options) - declared_options(script))
+    assert not unknown, f"{guide}: `{command.line}`: {script.name} declares no {unknown}"
+
+
+@pytest.mark.parametrize(
+    ("guide", "command"), NOT_RUN_OTHER, ids=[f"{g}:{c.words[0]}" for g, c in NOT_RUN_OTHER]
 )
 def test_commands_not_run_here(guide, command):
     """Listed as skipped, with the reason the page gives next to the command."""
     pytest.skip(f"{guide}: `{command.line}`: {command.not_run}")
+
+
+def test_declared_options_are_read_from_the_scripts_parser(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        'parser.add_argument("--steps", type=int)\n'
+        'parser.add_argument(\n    "-r",\n    "--runs",\n    type=int,\n)\n'
+        'parser.add_argument("overrides", nargs="*")\n'
+    )
+    assert declared_options(script) == {"-h", "--help", "--steps", "-r", "--runs"}
+    command = Command("", ["python", "bench/x.py", "--steps=3", "--tag", "a", "k=v"], "slow")
+    assert bench_invocation(command) == (ROOT / "bench/x.py", ["--steps", "--tag"])
 
 
 def test_the_marker_covers_its_line_or_the_rest_of_its_block():
