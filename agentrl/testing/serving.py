@@ -1,6 +1,6 @@
 """Real rollout servers for integration tests: one config shape, one start and stop.
 
-cfg = tiny_serving_config(checkpoint, port=18765, overrides=["server.max_retries=4"])
+cfg = tiny_serving_config(checkpoint, port=worker_port(18765), overrides=["server.max_retries=4"])
 with rollout_servers(cfg) as client:
     ...
 """
@@ -21,8 +21,8 @@ from agentrl.server.launch import init_ray, start_rollout_servers
 
 def worker_port(port: int) -> int:
     """``port`` moved up by 100 for each pytest-xdist worker after the first (``gw1``:
-    +100), for a fixed port that several test modules share: two of them running at once
-    in different workers then never bind the same port. Unchanged outside xdist."""
+    +100), so that test modules running at once in different workers never bind the same
+    fixed port; unchanged outside xdist."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     return port + 100 * int(worker.removeprefix("gw"))
 

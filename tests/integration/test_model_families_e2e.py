@@ -43,10 +43,11 @@ from agentrl.testing.fidelity import (
     scripted_row,
     tool_result,
 )
+from agentrl.testing.serving import worker_port
 
 pytestmark = pytest.mark.integration
 
-PORT = 18797
+PORT = worker_port(18797)
 E2E_FAMILIES = (
     sorted(FAMILIES) if os.environ.get("AGENTRL_E2E_FAMILIES") == "all" else ["qwen3", "smollm2"]
 )
