@@ -1,13 +1,12 @@
 """Real rollout servers for integration tests: one config shape, one start and stop.
 
-cfg = tiny_serving_config(checkpoint, port=worker_port(18765), overrides=["server.max_retries=4"])
+cfg = tiny_serving_config(checkpoint, port=18765, overrides=["server.max_retries=4"])
 with rollout_servers(cfg) as client:
     ...
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,14 +16,6 @@ import ray
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.server.client import ServerClient
 from agentrl.server.launch import init_ray, start_rollout_servers
-
-
-def worker_port(port: int) -> int:
-    """``port`` moved up by 100 for each pytest-xdist worker after the first (``gw1``:
-    +100), so that test modules running at once in different workers never bind the same
-    fixed port; unchanged outside xdist."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return port + 100 * int(worker.removeprefix("gw"))
 
 
 def tiny_serving_config(

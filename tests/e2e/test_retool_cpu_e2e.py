@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.testing.serving import worker_port
-
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +65,7 @@ def test_retool_cpu_recipe_trains_and_plots(tmp_path, tiny_checkpoint):
             f"reward.reward_fn_path={ROOT / 'recipes' / 'retool' / 'reward.py'}",
             "rollout.max_response_length=48",
             "server.num_replicas=1",
-            f"server.http_port={worker_port(18769)}",
+            "server.http_port=18769",
             "trainer.total_steps=3",
             # The random tiny model scores −1 on nearly every episode, so DAPO's dynamic
             # sampling would skip most updates; this test needs every step to train.

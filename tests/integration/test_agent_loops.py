@@ -16,7 +16,7 @@ from agentrl.core.types import SamplingParams
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.testing.serving import rollout_servers, tiny_serving_config, worker_port
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.tools import BaseTool, FunctionCall, ToolResponse
 from agentrl.tools.parsers import ParsedTurn, ToolCallParser, register_tool_parser
 
@@ -56,7 +56,7 @@ class RecordingClient:
 def cfg(tiny_checkpoint):
     return tiny_serving_config(
         tiny_checkpoint,
-        worker_port(18766),
+        18766,
         [
             "server.engine.backend=hf",
             "rollout.num_workers=2",

@@ -22,7 +22,7 @@ from agentrl.server.collective import CollectiveSyncError
 from agentrl.server.weight_transport import make_weight_sync
 from agentrl.server.weight_transport.broadcast import CollectiveBroadcastSync
 from agentrl.server.weight_transport.object_store import ObjectStoreSync
-from agentrl.testing.serving import rollout_servers, tiny_serving_config, worker_port
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.trainer.config import ActorConfig
 from agentrl.trainer.group import ActorGroup
 
@@ -45,7 +45,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 def cfg(tiny_checkpoint):
     return tiny_serving_config(
         tiny_checkpoint,
-        worker_port(18770),
+        18770,
         ["server.engine.max_num_seqs=8"],
         max_model_len=512,
         kv_cache_bytes=32 * 2**20,

@@ -22,7 +22,6 @@ import torch
 from fault_ledger import Ledger, fault_injected, run_shape
 from toy_task import toy_overrides
 
-from agentrl.testing.serving import worker_port
 from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.long_fault]
@@ -70,7 +69,7 @@ def test_a_killed_driver_leaves_nothing_running_and_the_rerun_resumes(
     extra = [
         "trainer.max_staleness=1",
         "trainer.save_every=1",
-        f"server.http_port={worker_port(18781)}",
+        "server.http_port=18781",
         "ray.log_to_driver=true",  # the workers' tracebacks in the log a failure prints
     ]
     overrides = toy_overrides(tiny_checkpoint, tmp_path, STEPS, [*extra, *run_shape(tmp_path)])

@@ -34,12 +34,12 @@ from agentrl.core.types import SamplingParams
 from agentrl.server.gateway.config import GatewayConfig
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, start_gateway
 from agentrl.testing.context import loop_context
-from agentrl.testing.serving import rollout_servers, tiny_serving_config, worker_port
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 from agentrl.testing.tools import ADD_TOOL_SCHEMA
 
 pytestmark = pytest.mark.integration
 
-PORT = worker_port(18767)
+PORT = 18767
 MODEL = "tiny"
 KEY = "s3cret"
 ADD = ADD_TOOL_SCHEMA

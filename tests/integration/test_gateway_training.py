@@ -24,7 +24,6 @@ from toy_task import toy_config
 
 from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, gateway_url
-from agentrl.testing.serving import worker_port
 from agentrl.trainer.async_trainer import AsyncTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -40,7 +39,7 @@ def trainer(tiny_checkpoint, tmp_path_factory):
         tmp_path_factory.mktemp("gateway-training"),
         steps=2,
         extra=[
-            f"server.http_port={worker_port(18771)}",
+            "server.http_port=18771",
             "gateway.enabled=true",
             f"gateway.sink=queue:{QUEUE}",
             "gateway.sink_capacity=1",  # a second held session goes to disk

@@ -43,11 +43,10 @@ from agentrl.testing.fidelity import (
     scripted_row,
     tool_result,
 )
-from agentrl.testing.serving import worker_port
 
 pytestmark = pytest.mark.integration
 
-PORT = worker_port(18797)
+PORT = 18797
 E2E_FAMILIES = (
     sorted(FAMILIES) if os.environ.get("AGENTRL_E2E_FAMILIES") == "all" else ["qwen3", "smollm2"]
 )

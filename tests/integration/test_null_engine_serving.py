@@ -24,7 +24,7 @@ from agentrl.server.client import DataClient
 from agentrl.server.deployment import DEPLOYMENT_NAME
 from agentrl.server.null_engine import NULL_LOGPROB
 from agentrl.server.weight_transport.object_store import ObjectStoreSync
-from agentrl.testing.serving import rollout_servers, tiny_serving_config, worker_port
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -41,7 +41,7 @@ def public_path(request) -> bool:
 async def client(tiny_checkpoint, public_path):
     cfg = tiny_serving_config(
         tiny_checkpoint,
-        worker_port(18795),
+        18795,
         [
             "server.engine.backend=null",
             f"server.engine.null_token_ids={TOKENS}",

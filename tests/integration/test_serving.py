@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams
 from agentrl.server.weight_transport.object_store import ObjectStoreSync
-from agentrl.testing.serving import rollout_servers, tiny_serving_config, worker_port
+from agentrl.testing.serving import rollout_servers, tiny_serving_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -29,7 +29,7 @@ def cfg(tiny_checkpoint):
     backend = os.environ.get("AGENTRL_SERVING_BACKEND", "vllm")
     return tiny_serving_config(
         tiny_checkpoint,
-        worker_port(18765),
+        18765,
         [
             "server.max_retries=4",
             f"server.engine.backend={backend}",

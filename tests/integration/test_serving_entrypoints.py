@@ -20,14 +20,14 @@ import ray
 from ray import serve
 
 from agentrl.server.launch import DeploymentError, init_ray, start_rollout_servers
-from agentrl.testing.serving import tiny_serving_config, worker_port
+from agentrl.testing.serving import tiny_serving_config
 
 # The async tests share the module's event loop (pyproject: asyncio_mode auto, loop scope
 # module); an asyncio mark on the module would also land on the one synchronous test.
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT = worker_port(18791)
+PORT = 18791
 TINY_HF = [
     "model.path=builtin:tiny-qwen2",
     "server.engine.backend=hf",

@@ -21,7 +21,7 @@ from agentrl.evaluate import evaluate
 from agentrl.plot import plot_run
 from agentrl.trainer.trainer import Trainer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest.fixture(scope="module")
