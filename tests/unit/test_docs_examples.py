@@ -36,7 +36,7 @@ from agentrl.algos.policy_losses import get_policy_loss
 from agentrl.cli import command_data_files, parse_args
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.preflight import missing_inputs
-from agentrl.testing.benchmarks import available_benchmarks, find_bench_dir
+from agentrl.testing.benchmarks import available_benchmarks, find_bench_dir, script_path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -221,17 +221,18 @@ async def test_guide_runs_top_to_bottom(guide, workspace):
     await run_guide(guide, {})
 
 
-def bench_invocation(command: Command) -> tuple[Path, list[str]] | None:
-    """The script a ``python bench/NAME.py ...`` or ``agentrl bench NAME ...`` command runs,
-    with the options it passes (``--name`` of ``--name=value``); None for other commands."""
+def bench_invocation(command: Command) -> tuple[str, list[str]] | None:
+    """The benchmark a ``python bench/NAME.py ...`` or ``agentrl bench NAME ...`` command
+    runs, as written, with the options it passes (``--name`` of ``--name=value``); None for
+    other commands."""
     words = command.words
     if words[0] in PYTHON and len(words) > 1 and re.fullmatch(r"bench/\w+\.py", words[1]):
-        script, rest = ROOT / words[1], words[2:]
+        name, rest = words[1], words[2:]
     elif command.is_agentrl and words[1:2] == ["bench"] and len(words) > 2:
-        script, rest = ROOT / "bench" / f"{words[2]}.py", words[3:]
+        name, rest = words[2], words[3:]
     else:
         return None
-    return script, [word.split("=", 1)[0] for word in rest if word.startswith("-")]
+    return name, [word.split("=", 1)[0] for word in rest if word.startswith("-")]
 
 
 def declared_options(script: Path) -> set[str]:
@@ -258,8 +259,8 @@ NOT_RUN_OTHER = [(g, c) for g, c in NOT_RUN if not bench_invocation(c)]
 def test_bench_commands_not_run_here_pass_only_options_their_script_declares(guide, command):
     """A benchmark runs for minutes to hours, so the page's command is not run; its script
     must exist and declare every option the command passes (a renamed flag fails here)."""
-    script, options = bench_invocation(command)
-    assert script.is_file(), f"{guide}: `{command.line}`: no {script.relative_to(ROOT)}"
+    name, options = bench_invocation(command)
+    script = script_path(name)  # the CLI's resolver: an unknown benchmark fails here
     unknown = sorted(set(options) - declared_options(script))
     assert not unknown, f"{guide}: `{command.line}`: {script.name} declares no {unknown}"
 
@@ -283,7 +284,9 @@ def test_declared_options_are_read_from_the_scripts_parser(tmp_path):
     )
     assert declared_options(script) == {"-h", "--help", "--steps", "-r", "--runs"}
     command = Command("", ["python", "bench/x.py", "--steps=3", "--tag", "a", "k=v"], "slow")
-    assert bench_invocation(command) == (ROOT / "bench/x.py", ["--steps", "--tag"])
+    assert bench_invocation(command) == ("bench/x.py", ["--steps", "--tag"])
+    command = Command("", ["agentrl", "bench", "x", "--runs", "2"], "slow")
+    assert bench_invocation(command) == ("x", ["--runs"])
 
 
 def test_the_marker_covers_its_line_or_the_rest_of_its_block():
