@@ -21,7 +21,10 @@ from agentrl.server.deployment import build_rollout_app
 logger = logging.getLogger(__name__)
 
 LOCAL_START_ATTEMPTS = 3
-_NODE_START_TIMEOUT = "timed out during startup"
+# The start failures a new attempt recovers from: the raylet not registering within Ray's
+# fixed 30 s, and a GCS server that never writes its port file (seen when the process
+# forks its GCS while threads of an earlier local instance are still winding down).
+_RETRIED_START_ERRORS = ("timed out during startup", "Timed out waiting for file")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
 
@@ -83,8 +86,9 @@ def run_application(app: Application, name: str, route_prefix: str | None) -> No
 def init_ray(cfg: RayConfig) -> None:
     """Connect to ``cfg.address`` or start a local Ray instance (no dashboard).
 
-    A local start whose raylet does not register within Ray's fixed 30 s is retried
-    (``LOCAL_START_ATTEMPTS`` in all) after the failed start's processes are killed.
+    A local start whose raylet does not register within Ray's fixed 30 s, or whose GCS
+    never writes its port, is retried (``LOCAL_START_ATTEMPTS`` in all) after the failed
+    start's processes are killed.
     """
     if ray.is_initialized():
         return
@@ -112,9 +116,10 @@ def _start_local_ray(init_kwargs: dict) -> None:
     """``ray.init`` of a new local instance, retried when its node times out starting.
 
     Ray gives a new node's raylet a fixed 30 s to register with its GCS and then raises,
-    leaving the GCS, raylet and agents it started running. On a loaded 2-core machine
-    (a previous instance's engine processes still exiting) that wait has run out in CI;
-    the next attempt, with the leftovers killed, starts normally.
+    leaving the GCS, raylet and agents it started running; it also raises when the GCS
+    it started never writes its port file. On a loaded 2-core machine (a previous
+    instance's engine processes still exiting) both have happened in CI; the next
+    attempt, with the leftovers killed, starts normally.
     """
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         already_running = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -122,7 +127,8 @@ def _start_local_ray(init_kwargs: dict) -> None:
             ray.init(**init_kwargs)
             return
         except Exception as exc:  # Ray raises a bare Exception for this timeout
-            if _NODE_START_TIMEOUT not in str(exc) or attempt == LOCAL_START_ATTEMPTS:
+            retried = any(marker in str(exc) for marker in _RETRIED_START_ERRORS)
+            if not retried or attempt == LOCAL_START_ATTEMPTS:
                 raise
             killed = _kill_processes_started_since(already_running)
             logger.warning(

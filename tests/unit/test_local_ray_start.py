@@ -1,4 +1,5 @@
-"""``init_ray``'s local start: a node that times out starting is killed and started again."""
+"""``init_ray``'s local start: a node that times out starting, or whose GCS never writes
+its port, is killed and started again."""
 
 from __future__ import annotations
 
@@ -70,6 +71,25 @@ def test_a_node_that_times_out_is_killed_and_started_again(fake_init, caplog):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def _gcs_port_wait_error(tmp_path) -> Exception:
+    """The error the installed Ray raises when a GCS never writes its port file."""
+    from ray._raylet import wait_for_persisted_port
+
+    try:
+        wait_for_persisted_port(str(tmp_path), "ab" * 28, "gcs_server_port", timeout_ms=50)
+    except Exception as exc:  # Ray raises RuntimeError; whatever it is, init_ray sees it
+        return exc
+    raise AssertionError("wait_for_persisted_port returned without a port file")
+
+
+def test_a_gcs_that_never_writes_its_port_is_killed_and_started_again(fake_init, tmp_path):
+    never_started = _gcs_port_wait_error(tmp_path)
+    fake = fake_init(failures=2, error=never_started)
+    launch.init_ray(RayConfig(num_cpus=2))
+    assert len(fake.calls) == 3
+    assert not any(_alive(process) for process in fake.leftovers)
 
 
 def test_the_last_attempt_raises_the_timeout(fake_init):
