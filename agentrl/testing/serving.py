@@ -7,6 +7,7 @@ with rollout_servers(cfg) as client:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,14 @@ import ray
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.server.client import ServerClient
 from agentrl.server.launch import init_ray, start_rollout_servers
+
+
+def worker_port(port: int) -> int:
+    """``port`` moved up by 100 for each pytest-xdist worker after the first (``gw1``:
+    +100), for a fixed port that several test modules share: two of them running at once
+    in different workers then never bind the same port. Unchanged outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return port + 100 * int(worker.removeprefix("gw"))
 
 
 def tiny_serving_config(

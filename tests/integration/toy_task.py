@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from agentrl.config import AgentRLConfig, load_config
+from agentrl.testing.serving import worker_port
 
 TOY_REWARD = Path(__file__).parent / "toy" / "reward.py"
 
@@ -43,7 +44,7 @@ def toy_overrides(tiny_checkpoint: Path, tmp: Path, steps: int, extra: list[str]
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
         "server.num_replicas=1",
-        "server.http_port=18768",
+        f"server.http_port={worker_port(18768)}",
         "server.engine.max_model_len=256",
         "server.engine.kv_cache_memory_bytes=33554432",
         "rollout.n=4",
