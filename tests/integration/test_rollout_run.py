@@ -1,6 +1,6 @@
 """`agentrl rollout` and `plugins:` on real Ray workers and a real (HF) rollout server.
 
-One Ray start for the module. The docs' files and commands (docs/agent-loops.md) run as
+One Ray start for the module. The docs' files and commands (docs/guides/agent-loops.md) run as
 written; a loop registered in a user module outside the package runs by its name on
 fresh agent-loop workers, scored by a scorer that same module registers, in a reward
 process pool.
@@ -32,7 +32,7 @@ from tests.unit.test_docs_examples import agentrl_commands, blocks, write_files
 
 pytestmark = pytest.mark.integration
 
-GUIDE = "agent-loops.md"
+GUIDE = "guides/agent-loops.md"
 QUESTIONS = ("What is 2 + 2?", "What is 3 * 5?")
 
 USER_MODULE = """

@@ -1,4 +1,4 @@
-"""docs/algorithms.md's Python API section runs as written and its numbers are the code's."""
+"""docs/guides/algorithms.md's Python API section runs as written and its numbers are the code's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "algorithms.md"
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("agentrl", "agent_loops", "tools", "server")
-DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 PREFIXES = (
     "actor",
     "async",
@@ -188,7 +188,7 @@ def test_names_the_code_builds_are_recognised(name):
 @pytest.mark.parametrize(
     "name",
     [
-        "tool_calls/invalid_args",  # the name docs/tools.md used to give
+        "tool_calls/invalid_args",  # the name docs/guides/tools.md used to give
         "rollout/tool_calls/okay",
         "mismatch/rollout_is_means",
         "dapo/num_group_kept",
