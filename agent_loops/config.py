@@ -12,6 +12,7 @@ from pydantic import Field
 
 from agentrl.agent_loops.external_config import ExternalAgentConfig
 from agentrl.core.config import Section
+from agentrl.envs.config import EnvConfig
 
 
 class RolloutConfig(Section):
@@ -123,3 +124,4 @@ class RolloutConfig(Section):
         "not back in time is given up; with none left, episodes raise NoLiveWorker.",
     )
     external: ExternalAgentConfig = Field(default_factory=ExternalAgentConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)

@@ -12,6 +12,7 @@ _BUILTIN_MODULES = (
     "agentrl.agent_loops.single_turn",
     "agentrl.agent_loops.tool_agent",
     "agentrl.agent_loops.external",
+    "agentrl.envs.loop",
 )
 
 

@@ -79,7 +79,8 @@ SERVER_CLIENT = (
     "agentrl.server.config",
     "agentrl.server.ray_compat",
 )
-AGENT_LOOPS = (*TOOLS, *SERVER_CLIENT, "agentrl.agent_loops.*")
+# The text environments (agentrl.envs) and their loop belong to the agent-loop layer.
+AGENT_LOOPS = (*TOOLS, *SERVER_CLIENT, "agentrl.agent_loops.*", "agentrl.envs.*")
 ROLLOUT = (*SERVER, *AGENT_LOOPS, "agentrl.rollout.*")
 # The trainer may load every layer below it, and the data and reward packages beside them;
 # never the test helpers.
