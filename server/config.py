@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.core.config import Section
+from agentrl.server.sim_profiles import PROFILES, get_profile
 
 
 class RouterConfig(Section):
@@ -25,11 +26,99 @@ class RouterConfig(Section):
     )
 
 
+class SimConfig(Section):
+    """The simulated GPU engine (``server.engine.backend=sim``): docs/concepts/simulation.md."""
+
+    profile: str = Field(
+        "qwen2.5-7b-h100",
+        description=f"The model/GPU setup whose step times and KV-cache size are simulated: "
+        f"{', '.join(PROFILES)} (agentrl.server.sim_profiles).",
+    )
+    profile_overrides: dict[str, float] = Field(
+        default_factory=dict,
+        description="Profile constants to replace, e.g. fitted ones: bw_efficiency, "
+        "flops_efficiency, step_overhead_s, allreduce_latency_s, runtime_reserve_bytes.",
+    )
+    response_length_median: int = Field(
+        256, gt=0, description="Median response length in tokens (lognormal distribution)."
+    )
+    response_length_p99: int = Field(
+        1536,
+        gt=0,
+        description="99th-percentile response length in tokens; with the median it sets the "
+        "lognormal's sigma = ln(p99 / median) / 2.326.",
+    )
+    length_trace: str | None = Field(
+        None,
+        description="A recorded length trace instead of the lognormal: a JSON list of response "
+        "lengths, or JSONL with one length (or an object with a `length` field) per line. "
+        "Each request draws one of them at random.",
+    )
+    time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Wall seconds slept per modeled second (0.01: 100x faster than the GPU). "
+        "Stats and metrics still report modeled seconds.",
+    )
+    token_ids: list[int] = Field(
+        default_factory=lambda: list(range(1, 9)),
+        min_length=1,
+        description="Filler ids every response cycles through (the sampling seed is "
+        "`server.engine.seed`).",
+    )
+    eos_token_id: int = Field(
+        0,
+        description="Id a response that ends before max_tokens ends with (finish `stop`); "
+        "the request's first stop_token_id instead when it gives some.",
+    )
+    max_num_batched_tokens: int = Field(
+        8192,
+        ge=1,
+        description="Tokens one step computes at most (chunked-prefill budget; vLLM's "
+        "default for its server on H100/H200).",
+    )
+    kv_cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="KV-cache capacity in tokens; None: the profile's GPU memory times "
+        "`gpu_memory_utilization`, minus weights and runtime reserve.",
+    )
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, name: str) -> str:
+        get_profile(name)
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SimConfig:
+        if self.response_length_median > self.response_length_p99:
+            raise ValueError(
+                f"server.engine.sim.response_length_median={self.response_length_median} is "
+                f"above response_length_p99={self.response_length_p99}"
+            )
+        if self.eos_token_id in self.token_ids:
+            raise ValueError(
+                f"server.engine.sim.eos_token_id={self.eos_token_id} is also in token_ids: "
+                "a filler token would read as the end of the response"
+            )
+        get_profile(self.profile).with_overrides(self.profile_overrides)
+        return self
+
+    def kv_tokens(self, gpu_memory_utilization: float) -> int:
+        """The KV-cache capacity in tokens (``kv_cache_tokens`` or the profile's)."""
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens
+        profile = get_profile(self.profile).with_overrides(self.profile_overrides)
+        return profile.kv_cache_tokens(gpu_memory_utilization)
+
+
 class EngineConfig(Section):
-    backend: Literal["vllm", "hf", "null"] = Field(
+    backend: Literal["vllm", "hf", "null", "sim"] = Field(
         "vllm",
-        description="`vllm` (AsyncLLM), `hf` (plain transformers, no vLLM needed) or `null` "
-        "(no model: answers at once with `null_token_ids`, for benchmarks and load tests).",
+        description="`vllm` (AsyncLLM), `hf` (plain transformers, no vLLM needed), `null` "
+        "(no model: answers at once with `null_token_ids`, for benchmarks and load tests) "
+        "or `sim` (no model: a simulated GPU engine whose time is modeled, see `sim`).",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size (GPUs).")
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens.")
@@ -77,12 +166,40 @@ class EngineConfig(Section):
         "are looked for in order; the last one repeats once all are there). For end-to-end "
         "tests of a model family's call format through real replicas.",
     )
+    sim: SimConfig = Field(
+        default_factory=SimConfig,
+        description="The simulated GPU engine (`backend=sim`): profile, response lengths, "
+        "time scale.",
+    )
 
     @field_validator("backend", mode="before")
     @classmethod
     def _yaml_null_is_the_null_engine(cls, value: Any) -> Any:
         """YAML and dotted overrides read a bare ``null`` as None: it names the null engine."""
         return "null" if value is None else value
+
+    @model_validator(mode="after")
+    def _sim_fits_the_context_window(self) -> EngineConfig:
+        """``backend=sim``: one whole sequence fits the KV cache and the lengths fit
+        ``max_model_len`` (a trace's lengths are checked when the engine reads it)."""
+        if self.backend != "sim":
+            return self
+        longest = self.max_model_len - 1  # a request has at least one prompt token
+        if self.sim.length_trace is None and self.sim.response_length_p99 > longest:
+            raise ValueError(
+                f"server.engine.sim.response_length_p99={self.sim.response_length_p99} exceeds "
+                f"the {longest} tokens max_model_len={self.max_model_len} leaves a response"
+            )
+        blocks = self.sim.kv_tokens(self.gpu_memory_utilization) // self.block_size
+        if blocks * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"the simulated KV cache holds {blocks * self.block_size} tokens "
+                f"({blocks} blocks of {self.block_size}; profile {self.sim.profile!r}, "
+                f"kv_cache_tokens={self.sim.kv_cache_tokens}, gpu_memory_utilization="
+                f"{self.gpu_memory_utilization}), less than one max_model_len="
+                f"{self.max_model_len} sequence"
+            )
+        return self
 
 
 class ServerConfig(Section):

@@ -21,4 +21,10 @@ def create_engine(model: ModelConfig, engine: EngineConfig) -> RolloutEngine:
         from agentrl.server.null_engine import NullEngine
 
         return NullEngine(model, engine)
-    raise ValueError(f"unknown engine backend {engine.backend!r}; use 'vllm', 'hf' or 'null'")
+    if engine.backend == "sim":
+        from agentrl.server.sim_engine import SimEngine
+
+        return SimEngine(model, engine)
+    raise ValueError(
+        f"unknown engine backend {engine.backend!r}; use 'vllm', 'hf', 'null' or 'sim'"
+    )
