@@ -330,6 +330,11 @@ async def test_abort_returns_the_partial_output_and_ignores_unknown_requests():
     out = await engine.abort("r")
     assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 1000
     assert (await task).token_ids == out.token_ids
+    await engine.pause(PauseMode.KEEP)
+    held = asyncio.create_task(engine.generate("h", [1], SamplingParams()))
+    await asyncio.sleep(0.01)
+    assert (await engine.abort("h")).token_ids == []
+    assert (await asyncio.wait_for(held, 1)).finish_reason == "abort"
 
 
 async def test_a_request_arriving_mid_decode_is_admitted_at_the_next_step():
