@@ -31,6 +31,13 @@ def register_agent_loop(name: str) -> Callable[[type[AgentLoopBase]], type[Agent
     return decorate
 
 
+def registered_agent_loops() -> list[str]:
+    """The names ``get_agent_loop`` finds: the built-in loops' and the plugins'."""
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+    return sorted(_LOOPS)
+
+
 def get_agent_loop(name: str) -> type[AgentLoopBase]:
     """The loop class for a registered ``name`` or an import path ``pkg.module:Class``."""
     if name in _LOOPS:

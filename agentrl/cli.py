@@ -1,31 +1,39 @@
-"""The ``agentrl`` command line."""
+"""The ``agentrl`` command line.
+
+Help, ``--version``, ``agentrl config`` and every error in a config or its inputs answer
+without loading torch, Ray, vLLM or transformers: this module imports only the config
+help at start, and each verb imports what it runs only after its config validated and
+its inputs were checked (``agentrl.preflight``). An error in what the user gave (a config
+key or value, a missing file, a row's agent loop, a plugin, an override) prints one short
+block naming where it is and exits 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from rich.logging import RichHandler
+from agentrl import __version__
+from agentrl.config_help import ConfigHelpAction, did_you_mean
 
-from agentrl.config import AgentRLConfig, ConfigError, load_config, resolve_user_config
-from agentrl.config_help import ConfigHelpAction
-from agentrl.placement import rollout_actor_resources
-from agentrl.plugins import PluginError
-from agentrl.preflight import MissingInputs, check_inputs
+if TYPE_CHECKING:
+    from agentrl.config import AgentRLConfig
 
 logger = logging.getLogger("agentrl")
+
+_BAD_INPUT = "agentrl_bad_input"
+"""The attribute of a log record that reports bad input (printed plainly, see main)."""
 
 
 def _compose(args: argparse.Namespace) -> AgentRLConfig:
     """The validated config of a command line: file, overrides, then the Ray address."""
+    from agentrl.config import load_config
+
     cfg = load_config(args.config, args.overrides)
     # Which Ray cluster: --address, else ray.address, else $RAY_ADDRESS (set by `ray job
     # submit` for its entrypoint), else a new local instance.
@@ -37,21 +45,50 @@ def _compose(args: argparse.Namespace) -> AgentRLConfig:
 
 
 def _load(args: argparse.Namespace) -> AgentRLConfig:
-    """``_compose`` ready to run: built-in models resolved, plugins imported."""
-    return resolve_user_config(_compose(args))
+    """``_compose`` ready to run, checked before anything starts: built-in models resolved,
+    plugins imported; for ``train`` the run directory (``RunFinished`` when it is done,
+    ``ResumeMismatch`` when it holds another run); then (``agentrl.preflight``) the files
+    the command reads, the agent loops its rows name and, for ``train``, the algorithm."""
+    from agentrl.config import ConfigError, resolve_user_config
+    from agentrl.plugins import PluginError
+    from agentrl.preflight import check_agent_loops, check_algorithm, check_inputs
+
+    cfg = _compose(args)
+    try:
+        cfg = resolve_user_config(cfg)
+    except PluginError as exc:
+        where = f" (config file {args.config})" if args.config else ""
+        raise ConfigError(f"plugins{where}: {exc}") from exc
+    if not cfg.model.path:
+        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
+    if args.command == "train":
+        from agentrl.trainer.resume import check_resume
+
+        check_resume(cfg)
+    files = command_data_files(args, cfg)
+    check_inputs(cfg, files)
+    check_agent_loops(cfg, files)
+    if args.command == "train":
+        check_algorithm(cfg)
+    return cfg
 
 
 def _config(args: argparse.Namespace) -> int:
+    import yaml
+
     print(yaml.safe_dump(_compose(args).model_dump(mode="json"), sort_keys=False), end="")
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    import contextlib
+    import signal
+    import threading
+
+    from agentrl.placement import rollout_actor_resources
     from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
 
-    cfg = _load(args)
-    if not cfg.model.path:
-        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
     init_ray(cfg.ray)
     client = start_rollout_servers(
         cfg.model, cfg.server, rollout_actor_resources(cfg.placement.rollout)
@@ -62,6 +99,8 @@ def _serve(args: argparse.Namespace) -> int:
         logger.info("gateway: %s", start_gateway(cfg.gateway, cfg.model, cfg.server))
     try:
         if args.demo:
+            import asyncio
+
             from transformers import AutoTokenizer
 
             from agentrl.server.demo import run_serving_demo
@@ -84,20 +123,21 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agentrl.trainer.async_trainer import AsyncTrainer
     from agentrl.trainer.resume import RunFinished
-    from agentrl.trainer.trainer import Trainer
 
-    cfg = _load(args)
-    if not cfg.model.path:
-        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
-    trainer_cls = Trainer if args.sync else AsyncTrainer
-    trainer = trainer_cls(cfg)
     try:
-        trainer.setup()
+        cfg = _load(args)
     except RunFinished as finished:  # raised before anything started: nothing to stop
         logger.info("%s", finished)
         return 0
+    import asyncio
+
+    from agentrl.trainer.async_trainer import AsyncTrainer
+    from agentrl.trainer.trainer import Trainer
+
+    trainer_cls = Trainer if args.sync else AsyncTrainer
+    trainer = trainer_cls(cfg)
+    trainer.setup()
     try:
         history = asyncio.run(trainer.fit())
     finally:
@@ -107,11 +147,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    cfg = _load(args)
     from agentrl.evaluate import evaluate, format_result
 
-    cfg = _load(args)
-    if not cfg.model.path:
-        raise ConfigError("model.path is required (an HF id, a directory or builtin:<name>)")
     out = Path(args.out) if args.out else Path(cfg.trainer.run_dir) / "eval.json"
     result = evaluate(cfg, args.checkpoint, out)
     print(format_result(result, out))
@@ -129,10 +167,9 @@ def command_data_files(args: argparse.Namespace, cfg: AgentRLConfig) -> list[str
 
 
 def _rollout(args: argparse.Namespace) -> int:
+    cfg = _load(args)
     from agentrl.rollout.run import rollout
 
-    cfg = _load(args)
-    check_inputs(cfg, command_data_files(args, cfg))
     result = rollout(cfg, args.out, split=args.split, limit=args.limit)
     width = max((len(k) for k in result.metrics), default=0)
     lines = [f"  {k:<{width}}  {v:.4g}" for k, v in sorted(result.metrics.items())]
@@ -147,8 +184,7 @@ def _plot(args: argparse.Namespace) -> int:
     try:
         report = plot_run(args.run_dir, args.out)
     except FileNotFoundError as exc:
-        logger.error("%s", exc)
-        return 2
+        return _bad_input(str(exc))
     if not report.written:
         logger.error(
             "%s has none of the plotted metrics (%s)",
@@ -168,8 +204,7 @@ def _audit(args: argparse.Namespace) -> int:
     try:
         counts = read_row_audit(args.run_dir)
     except AuditError as exc:
-        logger.error("%s", exc)
-        return 2
+        return _bad_input(str(exc))
     for name, value in counts.as_dict().items():
         print(f"{name:24} {value}")
     if counts.rows_lost and not counts.ended_with_checkpoint:
@@ -186,8 +221,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         return run_benchmark(args.name, args.args)
     except BenchmarkError as exc:
-        logger.error("%s", exc)
-        return 2
+        return _bad_input(str(exc))
 
 
 def _bench_epilog() -> str:
@@ -201,12 +235,33 @@ def _bench_epilog() -> str:
     return f"benchmarks in {bench_dir}:\n  " + "\n  ".join(names)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose epilog may be computed only when its help is shown
+    (``bench``'s lists the benchmark scripts, which it must not look for otherwise)."""
+
+    def __init__(self, *args: Any, epilog_factory: Callable[[], str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._epilog_factory = epilog_factory
+
+    @property
+    def epilog(self) -> str | None:
+        factory = getattr(self, "_epilog_factory", None)
+        if factory is not None:
+            self._epilog, self._epilog_factory = factory(), None
+        return self._epilog
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        self._epilog, self._epilog_factory = value, None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentrl", description="Asynchronous agentic RL for LLMs."
-    )
+    parser = _Parser(prog="agentrl", description="Asynchronous agentic RL for LLMs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"agentrl {__version__}", help="print the version"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def config_command(name: str, help_text: str, description: str | None = None):
         command = commands.add_parser(name, help=help_text, description=description, add_help=False)
@@ -300,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run bench/NAME.py's main() with ARGS as its command line "
         "(`agentrl bench NAME --help` shows the benchmark's own options).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_bench_epilog(),
+        epilog_factory=_bench_epilog,
     )
     bench.add_argument("name", help="benchmark name (a script bench/NAME.py)")
     bench.add_argument(
@@ -310,9 +365,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verbs(parser: argparse.ArgumentParser) -> list[str]:
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(commands.choices)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse a command line; overrides may come before or after options."""
+    """Parse a command line; overrides may come before or after options. An unknown verb
+    is an error naming the closest one."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    verbs = _verbs(parser)
+    if verb is not None and verb not in verbs:
+        hint = did_you_mean(verb, verbs)
+        parser.error(
+            f"unknown command {verb!r}; {f'{hint} ' if hint else ''}commands: {', '.join(verbs)}"
+        )
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse stops filling `overrides` at the first option: collect the rest here.
@@ -332,13 +401,32 @@ def _serve_warnings_only(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
+def _bad_input(message: str) -> int:
+    """Report an error in what the user gave (printed as it is, see ``main``); exit 2."""
+    logger.error("%s", message, extra={_BAD_INPUT: True})
+    return 2
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Logs through rich; a bad-input report as plain ``error: ...`` lines on stderr, so
+    that a multi-line message keeps its layout (no log columns, no wrapping)."""
+    from rich.logging import RichHandler
+
+    rich = RichHandler(rich_tracebacks=True, show_path=False)
+    rich.addFilter(lambda record: not getattr(record, _BAD_INPUT, False))
+    plain = logging.StreamHandler(sys.stderr)
+    plain.setFormatter(logging.Formatter("error: %(message)s"))
+    plain.addFilter(lambda record: getattr(record, _BAD_INPUT, False))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[rich, plain],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(rich_tracebacks=True, show_path=False)],
-    )
+    _configure_logging(args.verbose)
     serve_logger = logging.getLogger("ray.serve")
     if args.verbose:
         serve_logger.removeFilter(_serve_warnings_only)
@@ -352,17 +440,19 @@ def main(argv: list[str] | None = None) -> int:
         serve_logger.addFilter(_serve_warnings_only)
     try:
         return args.run(args)
-    except MissingInputs as exc:
-        where = getattr(args, "config", None)
-        hint = f" (the comments at the top of {where} say which)" if where else ""
-        logger.error("%s%s", exc, hint)
-        return 2
-    except (ConfigError, ValueError) as exc:
-        logger.error("%s", exc)
-        return 2
-    except PluginError as exc:
-        logger.error("plugins: %s", exc)
-        return 2
+    except (ValueError, ImportError) as exc:
+        # Bad input: a ConfigError (the preflight's kinds too) or another ValueError naming
+        # what is wrong, or a PluginError (an ImportError); their modules load lazily.
+        from agentrl.plugins import PluginError
+        from agentrl.preflight import MissingInputs
+
+        if isinstance(exc, ImportError) and not isinstance(exc, PluginError):
+            raise
+        logger.debug("the error's traceback", exc_info=exc)
+        message = str(exc)
+        if isinstance(exc, MissingInputs) and args.config:
+            message += f" (the comments at the top of {args.config} say which)"
+        return _bad_input(message)
 
 
 if __name__ == "__main__":

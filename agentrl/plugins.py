@@ -118,7 +118,12 @@ def _import_module(name: str, shown: str) -> ModuleType:
 def _file(text: str) -> Path:
     file = Path(text).expanduser()
     if not file.is_file():
-        raise PluginError(f"plugin file {file} does not exist (cwd: {Path.cwd()})")
+        from agentrl.config_help import close_files  # the CLI's layer: only on this error
+
+        hint = close_files(file)
+        raise PluginError(
+            f"plugin file {file} does not exist (cwd: {Path.cwd()}){f'; {hint}' if hint else ''}"
+        )
     return file
 
 

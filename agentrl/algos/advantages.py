@@ -71,6 +71,11 @@ def register_adv_estimator(name: str) -> Callable[[AdvantageEstimator], Advantag
     return register
 
 
+def registered_adv_estimators() -> list[str]:
+    """The names of the registered advantage estimators (agentrl's and the plugins')."""
+    return sorted(_REGISTRY)
+
+
 def get_adv_estimator(name: str) -> AdvantageEstimator:
     """The estimator registered as ``name``."""
     try:

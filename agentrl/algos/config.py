@@ -2,19 +2,65 @@
 
 Defined here (not in ``agentrl.config``) so that ``agentrl.algos`` depends on torch,
 pydantic and the config base of ``agentrl.core`` alone; the root config mounts
-:class:`AlgorithmConfig` as ``algorithm``.
+:class:`AlgorithmConfig` as ``algorithm``. This module loads no torch: the CLI validates
+a config (and names the built-in estimators and losses) without it. The value types the
+torch modules share with the config (``KLEstimator``, ``LossAggMode``, the rollout IS
+level and mode) are defined here and re-exported there.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.algos.kl import AdaptiveKLController, FixedKLController, KLController, KLEstimator
-from agentrl.algos.loss_agg import LossAggMode
-from agentrl.algos.rollout_is import RolloutISLevel, RolloutISMode, resolve_is_thresholds
 from agentrl.core.config import Section
+
+if TYPE_CHECKING:
+    from agentrl.algos.kl import KLController
+
+KLEstimator = Literal["k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+RolloutISLevel = Literal["token", "sequence", "geometric"]
+RolloutISMode = Literal["truncate", "mask"]
+
+BUILTIN_ADV_ESTIMATORS: tuple[str, ...] = (
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+)
+"""The advantage estimators ``agentrl.algos.advantages`` registers (a plugin adds more)."""
+
+BUILTIN_POLICY_LOSSES: tuple[str, ...] = (
+    "vanilla",
+    "gspo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "cispo",
+)
+"""The policy losses ``agentrl.algos.policy_losses`` registers (a plugin adds more)."""
+
+
+def resolve_is_thresholds(threshold: float, threshold_lower: float | None) -> tuple[float, float]:
+    """``(upper, lower)`` with ``lower = 1 / upper`` by default; checks ``0 ≤ lower ≤ upper``."""
+    if not threshold > 0:
+        raise ValueError(f"rollout_is_threshold must be > 0, got {threshold}")
+    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    if not 0 <= lower <= threshold:
+        raise ValueError(
+            f"rollout IS lower threshold {lower} must lie in [0, {threshold}] (the upper "
+            "threshold); with the default lower = 1/upper, rollout_is_threshold must be ≥ 1"
+        )
+    return threshold, lower
 
 
 class PolicyLossConfig(Section):
@@ -98,6 +144,8 @@ class KLConfig(Section):
 
     def make_controller(self) -> KLController:
         """The in-reward β controller these settings describe."""
+        from agentrl.algos.kl import AdaptiveKLController, FixedKLController
+
         if self.kl_ctrl_type == "adaptive":
             return AdaptiveKLController(self.kl_coef, self.target_kl, self.horizon)
         return FixedKLController(self.kl_coef)

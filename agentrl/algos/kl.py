@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from agentrl.algos.loss_agg import LossAggMode, agg_loss
+from agentrl.algos.config import KLEstimator, LossAggMode
+from agentrl.algos.loss_agg import agg_loss
 from agentrl.algos.ops import Metrics, masked_count, masked_mean
 
-KLEstimator = Literal["k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"]
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 _K3_LOG_RATIO_BOUND = 20.0
 _K3_BOUND = 10.0

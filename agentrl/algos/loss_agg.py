@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 from torch import Tensor
 
+from agentrl.algos.config import LossAggMode
 from agentrl.algos.ops import masked_count, masked_sum
 
-LossAggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
 LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 

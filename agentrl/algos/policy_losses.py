@@ -63,6 +63,11 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     return register
 
 
+def registered_policy_losses() -> list[str]:
+    """The names of the registered policy losses (agentrl's and the plugins')."""
+    return sorted(_REGISTRY)
+
+
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name``."""
     try:

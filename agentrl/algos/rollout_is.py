@@ -31,15 +31,14 @@ per non-empty row.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple, get_args
 
 import torch
 from torch import Tensor
 
+from agentrl.algos.config import RolloutISLevel, RolloutISMode, resolve_is_thresholds
 from agentrl.algos.ops import Metrics, masked_mean
 
-RolloutISLevel = Literal["token", "sequence", "geometric"]
-RolloutISMode = Literal["truncate", "mask"]
 LOG_WEIGHT_BOUND = 20.0
 PERCENTILES = (25, 50, 75, 95, 99)
 PREFIX = "mismatch/"
@@ -49,19 +48,6 @@ class RolloutIS(NamedTuple):
     weights: Tensor | None
     """``[B, T]`` weights, or None when rollout IS is off or in metrics-only mode."""
     metrics: Metrics
-
-
-def resolve_is_thresholds(threshold: float, threshold_lower: float | None) -> tuple[float, float]:
-    """``(upper, lower)`` with ``lower = 1 / upper`` by default; checks ``0 ≤ lower ≤ upper``."""
-    if not threshold > 0:
-        raise ValueError(f"rollout_is_threshold must be > 0, got {threshold}")
-    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
-    if not 0 <= lower <= threshold:
-        raise ValueError(
-            f"rollout IS lower threshold {lower} must lie in [0, {threshold}] (the upper "
-            "threshold); with the default lower = 1/upper, rollout_is_threshold must be ≥ 1"
-        )
-    return threshold, lower
 
 
 def compute_rollout_is_weights(

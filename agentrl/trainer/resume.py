@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from agentrl.config import AgentRLConfig, ConfigError
-from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +68,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     writes last: such checkpoints are skipped with a warning.
     """
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"), key=checkpoint_step)
+    if not checkpoints:
+        return None
+    # Imported here: it loads torch, which the CLI's checks before a run do not need.
+    from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
+
     complete = [p for p in checkpoints if (p / TRAINER_STATE_FILE).is_file()]
     for partial in sorted(set(checkpoints) - set(complete)):
         logger.warning("ignoring incomplete checkpoint %s (the run died saving it)", partial)

@@ -59,14 +59,45 @@ ALL_KEYS = {line.split(" (default")[0] for line in describe_config()}
 
 
 @pytest.mark.parametrize("name", ["train", "config"])
-def test_train_and_config_help_list_every_config_key(name, capsys, monkeypatch):
-    assert _keys(_help([name, "--help"], capsys, monkeypatch)) == ALL_KEYS
+def test_train_and_config_help_all_list_every_config_key(name, capsys, monkeypatch):
+    assert _keys(_help([name, "--help", "all"], capsys, monkeypatch)) == ALL_KEYS
+
+
+def _sections(text: str) -> dict[str, int]:
+    """The sections a ``--help`` overview lists, with their key counts."""
+    return {
+        m.group(1): int(m.group(2)) for m in re.finditer(r"^  ([a-z_.]+) +(\d+) keys? ", text, re.M)
+    }
 
 
 @pytest.mark.parametrize("columns", [60, 100])
 @pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout", "config"])
-def test_help_fits_the_terminal_under_section_headings(name, columns, capsys, monkeypatch):
+def test_help_lists_the_sections_with_their_key_counts_and_no_keys(
+    name, columns, capsys, monkeypatch
+):
     text = _help([name, "--help"], capsys, monkeypatch, columns)
+    assert text.startswith(f"usage: agentrl {name}")
+    assert max(len(line) for line in text.splitlines()) <= columns
+    assert not _keys(text)
+    assert len(text.splitlines()) < 80
+    sections = _sections(text)
+    assert {"plugins", "model", "server", "ray"} <= set(sections)
+    assert sections["server"] == sum(k.startswith("server.") for k in ALL_KEYS)
+    assert "--help SECTION" in text and "--help all" in text
+
+
+def test_the_sections_of_a_command_are_the_keys_it_reads(capsys, monkeypatch):
+    sections = _sections(_help(["eval", "--help"], capsys, monkeypatch, 100))
+    keys = _keys(_help(["eval", "--help", "all"], capsys, monkeypatch))
+    assert {"workers.actor", "placement.trainer", "placement.rollout"} <= set(sections)
+    assert "workers" not in sections and "algorithm" not in sections
+    assert sum(sections.values()) == len(keys)
+
+
+@pytest.mark.parametrize("columns", [60, 100])
+@pytest.mark.parametrize("name", ["serve", "train", "eval", "rollout", "config"])
+def test_help_all_fits_the_terminal_under_section_headings(name, columns, capsys, monkeypatch):
+    text = _help([name, "--help", "all"], capsys, monkeypatch, columns)
     assert max(len(line) for line in text.splitlines()) <= columns
     heading, headings = None, []
     for line in text.splitlines():
@@ -80,21 +111,21 @@ def test_help_fits_the_terminal_under_section_headings(name, columns, capsys, mo
 
 
 def test_each_command_lists_only_the_sections_it_reads(capsys, monkeypatch):
-    serve = _keys(_help(["serve", "--help"], capsys, monkeypatch))
+    serve = _keys(_help(["serve", "--help", "all"], capsys, monkeypatch))
     assert "server.num_replicas" in serve and "gateway.enabled" in serve
     assert "placement.rollout.node_resource" in serve
     for absent in ("trainer.", "algorithm.", "workers.", "data.", "placement.trainer."):
         assert not any(k.startswith(absent) for k in serve), absent
-    rollout = _keys(_help(["rollout", "--help"], capsys, monkeypatch))
+    rollout = _keys(_help(["rollout", "--help", "all"], capsys, monkeypatch))
     assert {"data.val_files", "rollout.agent_name", "reward.reward_fn_path"} <= rollout
     assert not any(k.startswith(("trainer.", "algorithm.")) for k in rollout)
-    evaluate = _keys(_help(["eval", "--help"], capsys, monkeypatch))
+    evaluate = _keys(_help(["eval", "--help", "all"], capsys, monkeypatch))
     assert {"trainer.val_n", "workers.actor.world_size", "weight_sync.kind"} <= evaluate
     assert not any(k.startswith(("algorithm.", "workers.critic.")) for k in evaluate)
 
 
 def test_a_choice_lists_its_allowed_values(capsys, monkeypatch):
-    text = _help(["train", "--help"], capsys, monkeypatch, 200)
+    text = _help(["train", "--help", "all"], capsys, monkeypatch, 200)
     assert "trainer.stale_policy (default 'drop'; one of: drop, downweight)" in text
     assert "one of: error, allow" in text  # trainer.resume_mismatch
 
@@ -112,6 +143,34 @@ def test_help_of_a_section_the_command_does_not_read_is_an_error(capsys):
         main(["serve", "--help", "trainer"])
     assert exit_.value.code == 2
     assert "reads no config section 'trainer'" in capsys.readouterr().err
+
+
+def test_help_of_a_misspelt_section_names_the_closest(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help", "rollot"])
+    assert exit_.value.code == 2
+    assert "no config section 'rollot'; did you mean rollout?" in capsys.readouterr().err
+
+
+def test_help_followed_by_the_config_file_shows_the_overview(capsys, monkeypatch):
+    text = _help(["train", "--help", "run.yaml"], capsys, monkeypatch)
+    assert _sections(text) and not _keys(text)
+
+
+def test_an_unknown_verb_names_the_closest(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["trian", "run.yaml"])
+    assert exit_.value.code == 2
+    assert "unknown command 'trian'; did you mean train?" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_version(capsys):
+    from agentrl import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agentrl {__version__}"
 
 
 @pytest.fixture

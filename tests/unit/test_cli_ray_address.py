@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.cli import _load, build_parser
+from agentrl.cli import _compose, build_parser
 
 EXTRA = {"eval": ["--checkpoint", "ckpt"]}
 
@@ -17,7 +17,9 @@ def config_file(tmp_path):
 
 
 def _config(command: str, config_file: str, *args: str):
-    return _load(build_parser().parse_args([command, config_file, *args, *EXTRA.get(command, [])]))
+    return _compose(
+        build_parser().parse_args([command, config_file, *args, *EXTRA.get(command, [])])
+    )
 
 
 @pytest.mark.parametrize("command", ["train", "serve", "eval"])

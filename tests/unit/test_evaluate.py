@@ -165,7 +165,7 @@ def test_cli_passes_config_overrides_checkpoint_and_out(run, tmp_path, monkeypat
     code = main(
         [
             "eval",
-            "model.path=/models/tiny",
+            "model.path=Org/Tiny",
             f"trainer.run_dir={run}",
             "trainer.val_n=8",
             "--checkpoint",
@@ -183,6 +183,6 @@ def test_cli_passes_config_overrides_checkpoint_and_out(run, tmp_path, monkeypat
 
 
 def test_cli_eval_errors_are_reported_with_exit_status_2(run, caplog):
-    code = main(["eval", "model.path=/m", f"trainer.run_dir={run}", "--checkpoint", str(run)])
+    code = main(["eval", "model.path=Org/M", f"trainer.run_dir={run}", "--checkpoint", str(run)])
     assert code == 2
     assert "set data.val_files" in caplog.text

@@ -129,6 +129,12 @@ def test_a_plugin_that_fails_names_the_module_and_the_cause(tmp_path, monkeypatc
     assert import_plugins_from_env() == []  # nothing that failed was recorded
 
 
+def test_a_missing_plugin_file_names_the_closest_file_next_to_it(tmp_path):
+    _write(tmp_path, "my_loops.py", "")
+    with pytest.raises(PluginError, match=r"my_loop\.py does not exist .*did you mean .*my_loops"):
+        import_plugins([str(tmp_path / "my_loop.py")])
+
+
 def test_cli_reports_a_broken_plugin_before_starting_anything(tmp_path, monkeypatch, caplog):
     config = tmp_path / "run.yaml"
     config.write_text("plugins: [my_pkg_that_is_not_installed.loops]\n")
@@ -137,6 +143,7 @@ def test_cli_reports_a_broken_plugin_before_starting_anything(tmp_path, monkeypa
         code = main(["train", str(config), "model.path=unused", f"trainer.run_dir={tmp_path}/run"])
     assert code == 2
     assert "cannot import module 'my_pkg_that_is_not_installed.loops'" in caplog.text
+    assert f"plugins (config file {config})" in caplog.text
     assert not (tmp_path / "run").exists()
 
 
