@@ -26,7 +26,14 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from agentrl.agent_loops.config import RolloutConfig
 from agentrl.algos.config import AlgorithmConfig
-from agentrl.config_help import close_files, did_you_mean, field_choices, is_section, type_name
+from agentrl.config_help import (
+    close_files,
+    config_fields,
+    did_you_mean,
+    field_choices,
+    is_section,
+    type_name,
+)
 from agentrl.core.config import (
     LEGACY_WEIGHT_SYNC_KEYS,
     ModelConfig,
@@ -210,8 +217,6 @@ class ConfigError(ValueError):
 
 @functools.cache
 def _leaf_keys() -> tuple[str, ...]:
-    from agentrl.config_help import config_fields
-
     return tuple(field.key for field in config_fields(AgentRLConfig))
 
 
@@ -418,13 +423,9 @@ def resolve_user_config(cfg: AgentRLConfig) -> AgentRLConfig:
 
 
 def describe_config(model: type[BaseModel] = AgentRLConfig, prefix: str = "") -> list[str]:
-    """One line per leaf field: ``dotted.name (default): description``."""
-    lines = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            lines.extend(describe_config(annotation, f"{prefix}{name}."))
-            continue
-        default = field.get_default(call_default_factory=True)
-        lines.append(f"{prefix}{name} (default {default!r}): {field.description}")
-    return lines
+    """One line per leaf field: ``dotted.name (default): description`` (``None`` for a
+    field without one); ``config_help.config_fields`` gives the same as tuples."""
+    return [
+        f"{prefix}{field.key} (default {field.default!r}): {field.description or None}"
+        for field in config_fields(model)
+    ]

@@ -98,12 +98,12 @@ def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
 
 
 def close_files(path: str | Path) -> str:
-    """``"did you mean X?"`` naming a file next to the missing ``path`` whose name is close
-    to its name (``""`` when none is)."""
+    """``"did you mean X?"`` naming a file or folder next to the missing ``path`` whose
+    name is close to its name (``""`` when none is)."""
     path = Path(path).expanduser()
     if not path.parent.is_dir():
         return ""
-    names = [p.name for p in path.parent.iterdir() if p.is_file()]
+    names = [p.name for p in path.parent.iterdir()]
     close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
     return f"did you mean {path.parent / close[0]}?" if close else ""
 
