@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.agent_loops.chat import ChatRenderer
 from agentrl.agent_loops.config import RolloutConfig
@@ -13,6 +13,9 @@ from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.tools import BaseTool
 from agentrl.tools.parsers import ToolCallParser
 from agentrl.tools.reasoning import ReasoningParser
+
+if TYPE_CHECKING:
+    from agentrl.agent_loops.conversation import Conversation
 
 MAX_PARTIAL_RESUBMITS = 16
 
@@ -111,6 +114,13 @@ class AgentLoopBase(ABC):
     async def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt ids for ``messages`` (with the tools), rendered off the event loop."""
         return await self.renderer.encode_prompt(messages)
+
+    async def conversation(self, messages: list[dict[str, Any]]) -> Conversation:
+        """A message-level ``Conversation`` starting from ``messages`` (the prompt), token-exact
+        through ``TrajectoryBuilder`` and the chat template's deltas."""
+        from agentrl.agent_loops.conversation import Conversation
+
+        return Conversation(self, messages, await self.apply_chat_template(messages))
 
     def turn_sampling(self, sampling: SamplingParams, budget: int) -> SamplingParams:
         """``sampling`` with ``max_tokens`` capped by the remaining response budget."""

@@ -88,7 +88,7 @@ class EnvAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput:
         cfg = self.config.env
         messages, _ = await runner.reset(sample, seed)
-        conv = Conversation(self, messages, await self.apply_chat_template(messages))
+        conv = await self.conversation(messages)
         rewards: list[float] = []
         turn_ends: list[int] = []
         final: list[Message] = []
