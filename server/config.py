@@ -209,7 +209,9 @@ class ServerConfig(Section):
         0.0, ge=0, description="Ray CPUs reserved per replica (fractions allowed)."
     )
     num_gpus_per_replica: float | None = Field(
-        None, description="GPUs per replica; None = tensor_parallel_size on GPU, 0 on CPU."
+        None,
+        description="GPUs per replica; None = tensor_parallel_size on GPU, 0 on CPU and for "
+        "the null and sim engines.",
     )
     max_ongoing_requests: int = Field(
         256, ge=1, description="Ray Serve max in-flight requests per replica."

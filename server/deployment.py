@@ -156,8 +156,9 @@ def build_rollout_app(
     """
     engine = server.engine
     num_gpus = server.num_gpus_per_replica
-    if num_gpus is None:
-        num_gpus = engine.tensor_parallel_size if torch.cuda.is_available() else 0
+    if num_gpus is None:  # a modeled (sim) or model-less (null) engine never takes one
+        modeled = engine.backend in ("null", "sim")
+        num_gpus = engine.tensor_parallel_size if torch.cuda.is_available() and not modeled else 0
     options: dict[str, Any] = {
         "name": DEPLOYMENT_NAME,
         "num_replicas": server.num_replicas,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.core.config import Section
+from agentrl.server.sim_profiles import PROFILES, get_profile
+from agentrl.trainer.sim_model import PUSH_BANDWIDTH, TRAINING_MFU, TrainerTimeModel
 
 
 class OptimConfig(Section):
@@ -140,12 +142,83 @@ class CriticConfig(_TrainableSection):
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
 
 
+class SimTrainerConfig(Section):
+    """The simulated trainer (``workers.backend=sim``): docs/concepts/simulation.md."""
+
+    profile: str = Field(
+        "qwen2.5-7b-h100",
+        description=f"The model/GPU setup whose training time is modeled: "
+        f"{', '.join(PROFILES)} (agentrl.server.sim_profiles, shared with the simulated "
+        "engine).",
+    )
+    num_gpus: int = Field(
+        8,
+        ge=1,
+        description="Training GPUs modeled; the actor, reference and critic share them. "
+        "They must hold the model states (16 bytes per trained parameter, ZeRO-3).",
+    )
+    mfu: float = Field(
+        TRAINING_MFU,
+        gt=0,
+        le=1,
+        description="Model FLOPs utilization of a training pass (the default: Llama 3's "
+        "38-43% on H100s, an upper estimate).",
+    )
+    push_bandwidth: float = Field(
+        PUSH_BANDWIDTH,
+        gt=0,
+        description="Bytes/s of a weight push from the trainer to the replicas (the "
+        "default: one 400 Gb/s NIC per GPU at 0.8 NCCL efficiency).",
+    )
+    time_scale: float | None = Field(
+        None,
+        gt=0,
+        description="Wall seconds slept per modeled second; None = "
+        "server.engine.sim.time_scale, so both sides of the cluster run at one speed.",
+    )
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        get_profile(value)  # a ValueError lists the available ones
+        return value
+
+    def time_model(self, *, with_ref: bool = False, with_critic: bool = False) -> TrainerTimeModel:
+        """The time model of these settings for the roles a run trains."""
+        return TrainerTimeModel(
+            get_profile(self.profile),
+            self.num_gpus,
+            mfu=self.mfu,
+            push_bandwidth=self.push_bandwidth,
+            with_ref=with_ref,
+            with_critic=with_critic,
+        )
+
+
 class WorkersConfig(Section):
     """The training workers of one run."""
 
+    backend: Literal["fsdp", "sim"] = Field(
+        "fsdp",
+        description="`fsdp` (FSDP2 ranks as Ray actors) or `sim` (no model and no ranks: "
+        "each step sleeps the GPU time `sim` models from its trained tokens, and the real "
+        "queue, staleness control, weight versions and checkpoints run around it).",
+    )
     actor: ActorConfig = Field(default_factory=ActorConfig)
     ref: ReferenceConfig = Field(default_factory=ReferenceConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    sim: SimTrainerConfig = Field(
+        default_factory=SimTrainerConfig,
+        description="The simulated trainer (`backend=sim`): profile, GPUs, MFU, push bandwidth.",
+    )
+
+    @model_validator(mode="after")
+    def _sim_actor_fits(self) -> WorkersConfig:
+        """``backend=sim``: the actor's model states fit the modeled GPUs (the reference
+        and critic are checked when the trainer starts, which knows the algorithm)."""
+        if self.backend == "sim":
+            self.sim.time_model()
+        return self
 
 
 class TrainerConfig(Section):

@@ -43,6 +43,7 @@ from agentrl.trainer.group import ActorGroup, CriticGroup, ReferenceGroup
 from agentrl.trainer.losses import make_actor_loss, make_critic_loss
 from agentrl.trainer.resume import CONFIG_FILE, check_resume
 from agentrl.trainer.samples import write_samples
+from agentrl.trainer.sim import sim_groups
 from agentrl.trainer.steps import (
     add_advantages,
     apply_rollout_correction,
@@ -176,6 +177,13 @@ class Trainer:
         """The FSDP ranks: actor, reference (when a KL term needs it), critic (GAE)."""
         cfg = self.cfg
         kl = cfg.algorithm.kl
+        if cfg.workers.backend == "sim":  # modeled GPU time, no ranks (agentrl.trainer.sim)
+            self.actor, self.ref, self.critic = sim_groups(
+                cfg,
+                with_ref=kl.use_kl_loss or kl.use_kl_in_reward,
+                with_critic=cfg.algorithm.adv_estimator == "gae",
+            )
+            return
         total = cfg.trainer.total_steps
         placement = cfg.placement.trainer
         self.actor = ActorGroup(
