@@ -26,7 +26,6 @@ _EXPORTS = {
     "ScriptedCall": "agentrl.testing.scripted",
     "loop_context": "agentrl.testing.context",
     "MultiTurnChatLoop": "agentrl.testing.loops",
-    "echo": "agentrl.testing.echo",
     "ADD_TOOL_SCHEMA": "agentrl.testing.tools",
     "family": "agentrl.testing.families",
     "ModelFamily": "agentrl.testing.families",
@@ -44,7 +43,6 @@ __all__ = [
     "ScriptedCall",
     "ScriptedClient",
     "default_tiny_checkpoint",
-    "echo",
     "family",
     "loop_context",
     "random_conversation",
@@ -52,7 +50,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from agentrl.testing.context import loop_context
-    from agentrl.testing.echo import echo
     from agentrl.testing.families import FAMILIES, ModelFamily, family
     from agentrl.testing.fidelity import FidelityHarness, random_conversation
     from agentrl.testing.loops import MultiTurnChatLoop
