@@ -1,13 +1,13 @@
 """Stale results: the ones whose measured source files changed after their commit.
 
-Not a benchmark: it reads every JSON in ``bench/results/`` (``archive/`` holds superseded
-runs and is left out) and, for each, compares the files it measured at its recorded
-``commit`` (``+dirty`` stripped: the run measured uncommitted changes on top of it) with
-HEAD: ``git diff COMMIT HEAD -- <measured paths>``. The measured paths are the JSON's own
-``measured``, or else the ``MEASURED`` list of the bench script of the same name
-(``bench/<name>.py``, or the longest script name the result's name starts with:
-``retool_cpu_6steps.json`` → ``bench/retool_cpu.py``). A bench script's own changes do not
-make its results stale (its ``MEASURED`` names the library code it measures).
+Not a benchmark: it reads every JSON in ``bench/results/`` and, for each, compares the
+files it measured at its recorded ``commit`` (``+dirty`` stripped: the run measured
+uncommitted changes on top of it) with HEAD: ``git diff COMMIT HEAD -- <measured paths>``.
+The measured paths are the JSON's own ``measured``, or else the ``MEASURED`` list of the
+bench script of the same name (``bench/<name>.py``, or the longest script name the
+result's name starts with: ``retool_cpu_6steps.json`` → ``bench/retool_cpu.py``). A bench
+script's own changes do not make its results stale (its ``MEASURED`` names the library
+code it measures).
 
 A result is ``stale`` (yes) when any of those files changed, ``no`` when none did, and
 ``unknown`` when it records no commit, its commit is not in this repository, or no
@@ -139,7 +139,7 @@ def rerun_script(rows: list[dict[str, Any]]) -> str:
 
 
 def results(root: Path) -> list[Path]:
-    """The results checked: ``bench/results/*.json`` (not ``archive/``)."""
+    """The results checked: ``bench/results/*.json``."""
     return sorted((root / "bench" / "results").glob("*.json"))
 
 

@@ -221,13 +221,11 @@ def test_stale_lists_the_results_whose_measured_files_changed(repo):
     (repo / "bench/x.py").write_text('MEASURED = ["src/a.py"]\n# the bench changed too\n')
     (repo / "docs/notes.md").write_text("changed\n")
     _commit(repo, "a.py changed")
-    (repo / "bench/results/archive").mkdir()
-    (repo / "bench/results/archive/gone.json").write_text(json.dumps({"commit": first}))
 
     done = _stale(repo, "--json")
     assert done.returncode == 0, done.stderr
     rows = {Path(r["result"]).name: r for r in json.loads(done.stdout)}
-    assert set(rows) == {*results, "old.json"}  # archive/ is left out
+    assert set(rows) == {*results, "old.json"}
     assert rows["x.json"]["stale"] is True
     assert rows["x.json"]["changed_files"] == ["src/a.py"]
     assert rows["x.json"]["measured_from"] == "bench/x.py"

@@ -1,0 +1,280 @@
+"""The figures in README.md and docs/benchmarks.md are the ones ``bench/results/*.json``
+give: ``scripts/render_results.py --check`` passes on the checkout, and the renderer puts
+each value where it belongs (tested on a synthetic results folder)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "render_results.py"
+
+_spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
+render = importlib.util.module_from_spec(_spec)
+sys.modules["render_results"] = render  # dataclasses look their module up by name
+_spec.loader.exec_module(render)
+
+
+def test_the_checkout_is_rendered_from_its_results():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (
+        "README.md, docs/benchmarks.md or the curve differ from bench/results/*.json; run "
+        f".venv/bin/python scripts/render_results.py\n{done.stdout[-4000:]}{done.stderr}"
+    )
+
+
+def test_every_result_of_the_checkout_has_summary_rows():
+    results = render.load_results(ROOT)
+    table = render.summary_table(results)
+    assert table.count("\n") - 1 >= len(results)  # header rule, then a row or more each
+
+
+# -- a synthetic results folder ----------------------------------------------------------
+
+
+def _retool_cpu() -> dict:
+    def run(seed: int, minutes: float, memory: float) -> dict:
+        return {
+            "seed": seed,
+            "minutes": minutes,
+            "peak_memory_gb": memory,
+            "accuracy_first": 0.125,
+            "accuracy_last": 0.625,
+            "accuracy_curve": [[0, 0.125], [2, 0.5], [4, 0.625]],
+            "accuracy_se_curve": [[0, 0.03], [2, 0.04], [4, 0.05]],
+        }
+
+    return {
+        "benchmark": "retool_cpu",
+        "commit": "abcdef1234567",
+        "date": "2030-01-02",
+        "command": ".venv/bin/python bench/retool_cpu.py --seeds 2",
+        "runs": [run(0, 7.04, 12.25), run(1, 8.46, 12.5)],
+        "overall": {"no_tool_accuracy": 0.0625, "accuracy_se_last": 0.05},
+        "min_accuracy_gain": 0.5,
+        "min_gain_in_se": 8.4,
+        "max_peak_memory_gb": 12.5,
+    }
+
+
+def _async_vs_sync() -> dict:
+    def summary(tokens: float) -> dict:
+        return {
+            "trained_tokens_per_s": {"mean": tokens},
+            "trained_episodes_per_s": {"mean": tokens / 50},
+        }
+
+    return {
+        "benchmark": "async_vs_sync",
+        "commit": "1234567+dirty",
+        "date": "2030-01-03T10:00:00+00:00",
+        "command": ".venv/bin/python bench/async_vs_sync.py --runs 2",
+        "workload": {"steps": 5},
+        "runs": 2,
+        "summary": {"sync": summary(400.0), "eta1_downweight": summary(700.0)},
+        "speedup_eta1_downweight": 1.75,
+        "speedup_eta1_downweight_se": 0.125,
+    }
+
+
+def _weight_swap_pause() -> dict:
+    return {
+        "benchmark": "weight_swap_pause",
+        "commit": "7654321",
+        "date": "2030-01-04",
+        "models": {
+            "big": {
+                "model": "builtin:big-model",
+                "bytes": 10**9,
+                "paused_ms_staged": {"median": 12.4, "min": 11.0, "max": 14.0},
+                "paused_ms_inplace": {"median": 5600.0, "min": 5000.0, "max": 6000.0},
+                "ratio": 42.0,
+            }
+        },
+    }
+
+
+def _fault_tolerance() -> dict:
+    return {
+        "benchmark": "fault_tolerance",
+        "commit": "fedcba9",
+        "date": "2030-01-05",
+        "command": ".venv/bin/python bench/fault_tolerance.py --repeats 2",
+        "only": None,
+        "repeats_per_fault": 2,
+        "faults_injected": 22,
+        "faults_survived": 21,
+        "episodes_lost": 3,
+        "episodes_duplicated": 1,
+    }
+
+
+RESULTS = {
+    "retool_cpu": _retool_cpu,
+    "async_vs_sync": _async_vs_sync,
+    "weight_swap_pause": _weight_swap_pause,
+    "fault_tolerance": _fault_tolerance,
+}
+README = (
+    "# project\n\nHand-written intro.\n\n<!-- render:why -->\nold reasons\n<!-- /render:why -->\n"
+    "\nBetween the blocks.\n\n<!-- render:main-job -->\n<!-- /render:main-job -->\n\nThe end.\n"
+)
+BENCHMARKS = (
+    "# Benchmarks\n\n<!-- render:summary -->\nold table\n<!-- /render:summary -->\n\n## x\n"
+)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for name, make in RESULTS.items():
+        _write_result(tmp_path, name, make())
+    (tmp_path / "README.md").write_text(README)
+    (tmp_path / "docs/benchmarks.md").write_text(BENCHMARKS)
+    return tmp_path
+
+
+def _write_result(root: Path, name: str, payload: dict) -> None:
+    (root / "bench/results" / f"{name}.json").write_text(json.dumps(payload))
+
+
+def _check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_readme_blocks_carry_the_results_figures_and_nothing_else_moves(root):
+    render.write(root)
+    readme = (root / "README.md").read_text()
+    main_job = readme.split("<!-- render:main-job -->\n")[1].split("<!-- /render:main-job")[0]
+    assert "2 seeds" in main_job
+    assert "0.125 → **0.625 ± 0.050**" in main_job
+    assert "7.0–8.5 minutes" in main_job
+    assert "12.5 GB" in main_job
+    assert "docs/benchmarks.md#retool-mini-the-main-job" in main_job
+    why = readme.split("<!-- render:why -->\n")[1].split("<!-- /render:why")[0]
+    reasons = why.strip().splitlines()
+    assert len(reasons) == 3 and all(r.startswith("- ") for r in reasons)
+    assert "1.75× ± 0.12" in reasons[0] and "#async-vs-sync-training" in reasons[0]
+    assert "12 ms against 5.6 s in place" in reasons[1] and "big-model" in reasons[1]
+    assert (
+        "21 of 22 fault runs" in reasons[2]
+        and "3 episodes lost and 1 trained twice" in (reasons[2])
+    )
+    assert "old reasons" not in readme
+    # Outside the markers the page is as it was.
+    outside = readme.replace(why, "").replace(main_job, "")
+    assert outside == README.replace("old reasons\n", "")
+
+
+def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(root):
+    render.write(root)
+    page = (root / "docs/benchmarks.md").read_text()
+    assert "old table" not in page and page.endswith("<!-- /render:summary -->\n\n## x\n")
+    rows = {
+        line.split("](")[0].removeprefix("| ["): line.split(" | ")
+        for line in page.splitlines()
+        if line.startswith("| [")
+    }
+    accuracy = rows["Main job: held-out accuracy, step 0 → last (2 seeds)"]
+    assert accuracy[1:8] == [
+        "0.125 → **0.625**",
+        "0.062 (no-tool control)",
+        "+0.50 at least",
+        "± 0.050 SE; gain ≥ 8.4 SE",
+        "2030-01-02",
+        "abcdef1",
+        "`.venv/bin/python bench/retool_cpu.py --seeds 2` |",
+    ]
+    assert rows["Main job: minutes and peak memory (2 seeds)"][1] == "7.0–8.5 min, 12.2–12.5 GB"
+    speedup = rows["Async (η = 1, stale down-weighted) vs sync, toy workload: trained tokens/s"]
+    assert speedup[1:7] == [
+        "700",
+        "400 (sync)",
+        "**1.75×**",
+        "± 0.12 SE, 2 runs",
+        "2030-01-03",
+        "1234567+dirty",
+    ]
+    swap = rows["Weight swap, big-model: generation truly paused, staged"]
+    assert swap[1:4] == ["**12 ms**", "5.6 s (in place)", "42× request → resume"]
+    assert swap[-1] == "not recorded |"  # the result records no command
+    faults = rows["Fault injection, every fault: runs survived; episodes lost / trained twice"]
+    assert faults[1] == "**21 of 22**; **3 / 1**"
+    # The table follows ROWS' order, whatever the files' names.
+    order = [name.split(",")[0].split(":")[0] for name in rows]
+    assert order == ["Main job", "Main job", "Async (η = 1", "Fault injection", "Weight swap"]
+
+
+def test_check_passes_once_rendered_and_fails_with_a_diff_when_a_result_moves(root):
+    stale = _check(root)
+    assert stale.returncode == 1
+    assert "+- **Asynchronous by default.**" in stale.stdout
+    assert "retool_cpu_curve.png: not drawn from the current results" in stale.stdout
+    render.write(root)
+    assert _check(root).returncode == 0, _check(root).stdout
+    moved = _retool_cpu()
+    moved["runs"][1]["minutes"] = 9.96
+    _write_result(root, "retool_cpu", moved)
+    stale = _check(root)
+    assert stale.returncode == 1
+    assert "+**The main job**" in stale.stdout and "7.0–10.0 minutes" in stale.stdout
+    assert "-**The main job**" in stale.stdout and "7.0–8.5 minutes" in stale.stdout
+    assert "retool_cpu_curve.png" not in stale.stdout  # the curve's data did not move
+    assert render.write(root) == [Path("README.md"), Path("docs/benchmarks.md")]
+    assert _check(root).returncode == 0
+
+
+def test_the_curve_is_the_same_bytes_for_the_same_data_and_redrawn_when_it_moves(root):
+    assert Path("bench/results/retool_cpu_curve.png") in render.write(root)
+    png = root / "bench/results/retool_cpu_curve.png"
+    first = png.read_bytes()
+    assert first.startswith(b"\x89PNG")
+    data = render.curve_data(render.load_results(root))
+    assert [s["accuracy"] for s in data["seeds"]] == [[[0, 0.125], [2, 0.5], [4, 0.625]]] * 2
+    assert render.curve_png(data) == first
+    assert render.png_digest(png) == render.curve_digest(data)
+    assert render.write(root) == []  # nothing to redraw
+    moved = _retool_cpu()
+    moved["runs"][0]["accuracy_curve"][1] = [2, 0.25]
+    _write_result(root, "retool_cpu", moved)
+    assert Path("bench/results/retool_cpu_curve.png") in render.write(root)
+    assert png.read_bytes() != first
+
+
+def test_a_result_without_rows_or_a_page_without_markers_is_an_error(root):
+    _write_result(root, "new_bench", {"benchmark": "new_bench", "commit": "1234567"})
+    with pytest.raises(render.RenderError, match=r"new_bench\.json: no summary rows"):
+        render.write(root)
+    done = _check(root)
+    assert done.returncode == 2 and "add them to ROWS" in done.stderr
+    (root / "bench/results/new_bench.json").unlink()
+    broken = copy.deepcopy(_fault_tolerance())
+    del broken["faults_survived"]
+    _write_result(root, "fault_tolerance", broken)
+    with pytest.raises(render.RenderError, match=r"fault_tolerance\.json: cannot render it"):
+        render.summary_table(render.load_results(root))
+    _write_result(root, "fault_tolerance", _fault_tolerance())
+    (root / "README.md").write_text("# no markers\n")
+    with pytest.raises(render.RenderError, match="render:why"):
+        render.write(root)
+
+
+def test_a_readme_figure_needs_its_result(root):
+    (root / "bench/results/weight_swap_pause.json").unlink()
+    with pytest.raises(render.RenderError, match=r"weight_swap_pause\.json"):
+        render.write(root)
