@@ -24,6 +24,7 @@ import asyncio
 import gc
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,24 +40,15 @@ from agentrl.core.types import SamplingParams, TokenOutput
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.tools import BaseTool, ToolResponse
 from agentrl.tools.parsers import get_tool_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "agent_loop_overhead.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/chat_template.py",
-    "agentrl/core",
-    "agentrl/rollout/episode.py",
-    "agentrl/rollout/worker.py",
-    "tools/base.py",
-    "tools/parsers.py",
-    "tools/reasoning.py",
-    "tools/render.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 TURNS = 4
 PROMPT = [{"role": "user", "content": "Echo one."}]
 SAMPLING = SamplingParams(max_tokens=64)

@@ -46,6 +46,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -62,7 +63,7 @@ from rich.table import Table
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import EpisodeResult
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.testing.spread import mean_sd_se
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
@@ -72,25 +73,9 @@ LOGGER = logging.getLogger("bench.async_vs_sync")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TOY_REWARD = ROOT / "tests" / "integration" / "toy" / "reward.py"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/algos",
-    "agentrl/chat_template.py",
-    "agentrl/config.py",
-    "agentrl/core",
-    "agentrl/data",
-    "agentrl/placement.py",
-    "agentrl/plugins.py",
-    "agentrl/reward",
-    "agentrl/rollout",
-    "agentrl/trainer",
-    "server/weight_transport",
-    "recipes/retool",
-    "server",
-    "tests/integration/toy",
-    "tools",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 TOY_ROWS = 256
 MODES = {
     "sync": ["trainer.max_staleness=0"],

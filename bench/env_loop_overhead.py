@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,21 +43,13 @@ from agentrl.envs import StepResult, env_factory, register_env
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import make_requests
 from agentrl.rollout.worker import AgentLoopWorker
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "env_loop_overhead.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agentrl/envs",
-    "agent_loops/base.py",
-    "agent_loops/chat.py",
-    "agent_loops/conversation.py",
-    "agentrl/chat_template.py",
-    "agentrl/core",
-    "agentrl/rollout/worker.py",
-    "tools/parsers.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 SAMPLING = SamplingParams(max_tokens=16)
 LAKE = "gymnasium:FrozenLake-v1"
 LAKE_KWARGS = {"is_slippery": False}

@@ -73,7 +73,12 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import checkout_commit, provenance, same_measured_code
+from agentrl.testing.benchmarks import (
+    checkout_commit,
+    measured_code,
+    provenance,
+    same_measured_code,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,32 +90,9 @@ RUN_FAULTS = [
     "tests/integration/test_gateway_training.py",
     "tests/integration/test_node_loss.py",
 ]
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/algos",
-    "agentrl/chat_template.py",
-    "agentrl/cli.py",
-    "agentrl/config.py",
-    "agentrl/core",
-    "agentrl/data",
-    "agentrl/placement.py",
-    "agentrl/plugins.py",
-    "agentrl/reward",
-    "agentrl/rollout",
-    "agentrl/testing/faults.py",
-    "agentrl/testing/loops.py",
-    "agentrl/trainer",
-    "server/weight_transport",
-    "server",
-    "tests/integration/fault_ledger.py",
-    "tests/integration/test_async_faults.py",
-    "tests/integration/test_driver_kill.py",
-    "tests/integration/test_gateway_training.py",
-    "tests/integration/local_cluster.py",
-    "tests/integration/test_node_loss.py",
-    "tools",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 LEDGER_COLUMNS = (
     "episodes_generated",
     "episodes_trained",

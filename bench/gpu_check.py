@@ -83,16 +83,6 @@ SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1},
     "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2},
 }
-# The code this check measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agentrl/algos",
-    "agentrl/models",
-    "agentrl/trainer",
-    "server/engine.py",
-    "server/hf_engine.py",
-    "server/hf_kv.py",
-    "server/hf_sampling.py",
-]
 TINY_INIT_STD, TINY_HIDDEN = 0.2, 128  # build_tiny_checkpoint's N(0, 0.2) matrices at width 128
 ROWS, PROMPT, RESPONSE = 16, 48, 64
 
@@ -992,13 +982,15 @@ def main() -> None:
     import transformers
 
     from agentrl.models.tiny import build_tiny_checkpoint
-    from agentrl.testing.benchmarks import checkout_commit
+    from agentrl.testing.benchmarks import checkout_commit, measured_code
+
+    measured = measured_code(__file__, sys.argv[1:])  # what the check and its arguments name
 
     provenance: dict[str, Any] = {
         # Where git is missing (the device image), --commit says what was checked out.
-        "commit": args.commit or checkout_commit(ROOT, MEASURED),
+        "commit": args.commit or checkout_commit(ROOT, measured),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "measured": MEASURED,
+        "measured": measured,
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu",

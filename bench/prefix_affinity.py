@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,24 +51,14 @@ from agentrl.core.types import SamplingParams
 from agentrl.models import resolve_model_path
 from agentrl.server.client import ServerClient
 from agentrl.server.launch import init_ray, start_rollout_servers, stop_rollout_servers
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 
 logger = logging.getLogger("bench.prefix_affinity")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "prefix_affinity.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agentrl/core/types.py",
-    "server/affinity.py",
-    "server/client.py",
-    "server/deployment.py",
-    "server/engine.py",
-    "server/launch.py",
-    "server/routing.py",
-    "server/vllm_engine.py",
-    "server/vllm_args.py",
-    "server/vllm_weights.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 ROUTERS = ("affinity", "default", "round_robin")
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
 

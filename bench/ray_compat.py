@@ -56,28 +56,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance, same_measured_code
+from agentrl.testing.benchmarks import measured_code, provenance, same_measured_code
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ray_compat.json"
 SCRATCH = ROOT / ".cache" / "ray_compat"
-MEASURED = [
-    "server/client.py",
-    "server/deployment.py",
-    "server/launch.py",
-    "server/ray_compat.py",
-    "server/routing.py",
-    "agentrl/placement.py",
-    "agentrl/rollout",
-    "tests/integration/test_null_engine_serving.py",
-    "bench/rollout_transport.py",
-    # the training runs
-    "agentrl/trainer",
-    "agentrl/algos",
-    "server/weight_transport",
-    "tests/integration/test_training.py",
-    "tests/integration/test_async_training.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 SERVING_TESTS = ["tests/integration/test_null_engine_serving.py"]
 TRAINING_TESTS = [
     "tests/integration/test_training.py::test_grpo_run_raises_the_toy_reward",

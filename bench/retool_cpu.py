@@ -42,6 +42,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -52,7 +53,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.testing.spread import mean_sd_se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,27 +61,9 @@ RESULTS = ROOT / "bench" / "results" / "retool_cpu.json"
 RUN_ROOT = ROOT / "runs" / "retool-cpu-bench"
 RECIPE = ROOT / "recipes" / "retool"
 CACHE = ROOT / ".cache" / "retool"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/algos",
-    "agentrl/chat_template.py",
-    "agentrl/cli.py",
-    "agentrl/config.py",
-    "agentrl/core",
-    "agentrl/data",
-    "agentrl/evaluate.py",
-    "agentrl/models",
-    "agentrl/placement.py",
-    "agentrl/plugins.py",
-    "agentrl/reward",
-    "agentrl/rollout",
-    "agentrl/trainer",
-    "server/weight_transport",
-    "recipes/retool",
-    "server",
-    "tools",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 WINDOW = 3
 SAMPLE_S = 0.5
 PSS_EVERY = 10

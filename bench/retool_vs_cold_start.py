@@ -70,7 +70,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance, same_measured_code
+from agentrl.testing.benchmarks import measured_code, provenance, same_measured_code
 from agentrl.testing.spread import mean_sd_se
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,26 +80,9 @@ RECORDS = ROOT / "bench" / "stages" / "retool_vs_cold_start"
 RECIPE = ROOT / "recipes" / "retool"
 PYTHON = ROOT / ".venv" / "bin" / "python"
 AGENTRL = ROOT / ".venv" / "bin" / "agentrl"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/algos",
-    "agentrl/chat_template.py",
-    "agentrl/cli.py",
-    "agentrl/config.py",
-    "agentrl/core",
-    "agentrl/data",
-    "agentrl/models",
-    "agentrl/placement.py",
-    "agentrl/plugins.py",
-    "agentrl/reward",
-    "agentrl/rollout",
-    "agentrl/trainer",
-    "server/weight_transport",
-    "recipes/retool",
-    "server",
-    "tools",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 INSTRUCTION = (
     "You can run Python with the code_interpreter tool. Put the final answer in \\boxed{}."
 )

@@ -76,6 +76,7 @@ import asyncio
 import json
 import logging
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -88,22 +89,6 @@ from agentrl.local_env import use_local_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "rollout_transport.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/chat_template.py",
-    "agentrl/core",
-    "agentrl/rollout",
-    "agentrl/testing/echo.py",
-    "server/affinity.py",
-    "server/client.py",
-    "server/deployment.py",
-    "server/engine.py",
-    "server/launch.py",
-    "server/null_engine.py",
-    "server/routing.py",
-    "tools",
-]
 use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
@@ -114,8 +99,12 @@ from rich.table import Table  # noqa: E402
 from agentrl.config import EngineConfig, ModelConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams, TokenOutput  # noqa: E402
 from agentrl.rollout.worker import AgentLoopWorker  # noqa: E402
-from agentrl.testing.benchmarks import provenance  # noqa: E402
+from agentrl.testing.benchmarks import measured_code, provenance  # noqa: E402
 from agentrl.testing.spread import paired_median_ratio  # noqa: E402
+
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 
 TURNS = 4
 SINGLE_TOKENS = 8

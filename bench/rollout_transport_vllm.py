@@ -34,6 +34,7 @@ import gc
 import json
 import logging
 import statistics
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -43,22 +44,6 @@ from agentrl.local_env import use_local_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "rollout_transport_vllm.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "agentrl/chat_template.py",
-    "agentrl/core",
-    "agentrl/rollout",
-    "server/affinity.py",
-    "server/client.py",
-    "server/deployment.py",
-    "server/engine.py",
-    "server/launch.py",
-    "server/routing.py",
-    "server/vllm_engine.py",
-    "server/vllm_args.py",
-    "server/vllm_weights.py",
-]
 use_local_defaults(ROOT / ".cache")
 
 import ray  # noqa: E402  (after the environment defaults)
@@ -67,7 +52,11 @@ from rich.table import Table  # noqa: E402
 
 from agentrl.config import AgentRLConfig, load_config  # noqa: E402
 from agentrl.core.types import SamplingParams  # noqa: E402
-from agentrl.testing.benchmarks import provenance  # noqa: E402
+from agentrl.testing.benchmarks import measured_code, provenance  # noqa: E402
+
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a robot."}]
 SIDES = ("agentrl", "bare_asyncllm")

@@ -3,11 +3,11 @@
 Not a benchmark: it reads every JSON in ``bench/results/`` and, for each, compares the
 files it measured at its recorded ``commit`` (``+dirty`` stripped: the run measured
 uncommitted changes on top of it) with HEAD: ``git diff COMMIT HEAD -- <measured paths>``.
-The measured paths are the JSON's own ``measured``, or else the ``MEASURED`` list of the
-bench script of the same name (``bench/<name>.py``, or the longest script name the
-result's name starts with: ``retool_cpu_6steps.json`` → ``bench/retool_cpu.py``). A bench
-script's own changes do not make its results stale (its ``MEASURED`` names the library
-code it measures).
+The measured paths are the JSON's own ``measured``, or else what the bench script of the
+same name measures now (``bench/<name>.py``, or the longest script name the result's name
+starts with: ``retool_cpu_6steps.json`` → ``bench/retool_cpu.py``;
+``agentrl.testing.benchmarks.measured_code``: what it imports and names). A bench
+script's own changes do not make its results stale.
 
 A result is ``stale`` (yes) when any of those files changed, ``no`` when none did, and
 ``unknown`` when it records no commit, its commit is not in this repository, or no
@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.testing.benchmarks import declared_measured
+from agentrl.testing.benchmarks import measured_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def measured_paths(root: Path, result: Path, payload: dict) -> tuple[list[str] |
         return [str(p) for p in payload["measured"]], "result"
     script = bench_script(root / "bench", result.stem)
     if script is not None:
-        paths = declared_measured(script)
+        paths = measured_code(script, root=root)
         if paths:
             return paths, str(script.relative_to(root))
     return None, ""

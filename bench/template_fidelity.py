@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import random
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -35,22 +36,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.testing.families import FAMILIES, family
 from agentrl.testing.fidelity import FidelityHarness, random_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "template_fidelity.json"
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agent_loops",
-    "tools",
-    "server/gateway",
-    "agentrl/chat_template.py",
-    "agentrl/core/trajectory.py",
-    "agentrl/testing/families.py",
-    "agentrl/testing/fidelity.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 
 
 COUNTS = ("drifted_tokens", "unparsed_calls", "mask_errors", "gateway_mismatches", "drift_reports")

@@ -29,12 +29,14 @@ from rich.table import Table
 
 from agentrl.config import load_config
 from agentrl.rollout import rollout
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.tools.parsers import get_tool_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "vllm_parser_parity.json"
-MEASURED = ["tools/parsers.py", "tools/vllm_parsers.py", "agent_loops/tool_agent.py"]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 CACHE = ROOT / ".cache" / "retool"
 MODEL = CACHE / "warm-start-calls"
 

@@ -35,26 +35,19 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from agentrl.local_env import use_local_defaults
-from agentrl.testing.benchmarks import provenance
+from agentrl.testing.benchmarks import measured_code, provenance
 
 RESULTS = Path(__file__).parent / "results" / "weight_swap_pause.json"
 _ROOT = Path(__file__).resolve().parents[1]
 use_local_defaults(_ROOT / ".cache")
-# The code this bench measures: a change here makes a recorded result stale.
-MEASURED = [
-    "agentrl/core/types.py",
-    "agentrl/core/weights.py",
-    "server/engine.py",
-    "server/vllm_engine.py",
-    "server/vllm_args.py",
-    "server/vllm_weights.py",
-    "server/vllm_worker_ext.py",
-    "server/weight_transport/object_store.py",
-]
+# The code this bench measures, derived from what it and its command line name: a change
+# there makes a recorded result stale.
+MEASURED = measured_code(__file__, sys.argv[1:])
 
 MODELS = {"tiny": "builtin:tiny-qwen2", "smollm2": "builtin:smollm2-135m-instruct"}
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 61, 12, 98]

@@ -13,8 +13,8 @@ command its JSON records.
     .venv/bin/python scripts/render_results.py           # rewrite them in place
     .venv/bin/python scripts/render_results.py --check   # exit 1, with a diff, if stale
 
-A new result file needs its rows here (``ROWS``, keyed by the JSON's ``benchmark``, or its
-file name): ``--check`` fails on a result it cannot render.
+Only results git tracks are shown. A new benchmark's rows go in ``ROWS`` (keyed by the
+JSON's ``benchmark``, or its file name); until then its result gets one plain row.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import io
 import json
 import re
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ class Row:
 
     result: str
     figure: str
-    anchor: str  # the section of docs/benchmarks.md that explains it
+    anchor: str  # the section of docs/benchmarks.md that explains it ("" for none)
     baseline: str = "–"
     ratio: str = "–"
     spread: str = "–"
@@ -446,18 +447,27 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
 
 
 def load_results(root: Path) -> dict[str, dict]:
-    """Every ``bench/results/*.json`` under ``root``, by file stem."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted((root / RESULTS).glob("*.json"))}
+    """The published results under ``root``, by file stem: ``bench/results/*.json``, only
+    those git tracks where ``root`` is a checkout (a run not yet committed is not shown)."""
+    paths = sorted((root / RESULTS).glob("*.json"))
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", str(RESULTS)], cwd=root, capture_output=True, text=True
+    )
+    if tracked.returncode == 0:
+        names = {Path(line).name for line in tracked.stdout.splitlines()}
+        paths = [p for p in paths if p.name in names]
+    return {p.stem: json.loads(p.read_text()) for p in paths}
 
 
-def _benchmark(stem: str, data: dict) -> str:
+def _rows(stem: str, data: dict) -> list[Row]:
+    """A result's summary rows; a benchmark ``ROWS`` does not know gets one plain row."""
     name = data.get("benchmark", stem)
     if name not in ROWS:
-        raise RenderError(
-            f"{RESULTS}/{stem}.json: no summary rows for benchmark {name!r}; "
-            "add them to ROWS in scripts/render_results.py"
-        )
-    return name
+        return [Row(f"{stem} (no summary rows in scripts/render_results.py yet)", "–", "")]
+    try:
+        return ROWS[name](data)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise RenderError(f"{RESULTS}/{stem}.json: cannot render it: {exc!r}") from exc
 
 
 def summary_table(results: dict[str, dict]) -> str:
@@ -467,17 +477,17 @@ def summary_table(results: dict[str, dict]) -> str:
         "| result | figure | baseline | ratio | spread | date | commit | command |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    ranked = sorted(results.items(), key=lambda item: order.index(_benchmark(*item)))
-    for stem, data in ranked:
-        try:
-            rows = ROWS[_benchmark(stem, data)](data)
-        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
-            raise RenderError(f"{RESULTS}/{stem}.json: cannot render it: {exc!r}") from exc
-        for row in rows:
+
+    def rank(item: tuple[str, dict]) -> int:
+        name = item[1].get("benchmark", item[0])
+        return order.index(name) if name in order else len(order)
+
+    for stem, data in sorted(results.items(), key=rank):
+        for row in _rows(stem, data):
             source = row.provenance or data
             command = source.get("command")
             cells = [
-                f"[{row.result}](#{row.anchor})",
+                f"[{row.result}](#{row.anchor})" if row.anchor else row.result,
                 row.figure,
                 row.baseline,
                 row.ratio,
@@ -651,8 +661,12 @@ def png_digest(path: Path) -> str | None:
 def render_pages(root: Path, results: dict[str, dict]) -> dict[Path, str]:
     """The new text of each page, by its path relative to ``root``."""
     readme = (root / README).read_text()
-    readme = replace_block(readme, "why", why_block(results))
-    readme = replace_block(readme, "main-job", main_job_block(results))
+    try:
+        why, main_job = why_block(results), main_job_block(results)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise RenderError(f"{README}: cannot render it from the results: {exc!r}") from exc
+    readme = replace_block(readme, "why", why)
+    readme = replace_block(readme, "main-job", main_job)
     benchmarks = replace_block((root / BENCHMARKS).read_text(), "summary", summary_table(results))
     return {README: readme, BENCHMARKS: benchmarks}
 

@@ -1,10 +1,12 @@
 """Every published result says what it measured and when: ``bench/results/*.json`` carry
-``commit`` and an ISO ``date``, every bench script declares the source files it measures
-(``MEASURED``), a bench's commit ignores ``bench/results/``, and ``bench/stale.py`` finds
-the results whose measured files changed after their commit."""
+``commit`` and an ISO ``date``, the source files a bench measures are derived from the
+script (``measured_code``: what it imports and names, never a hand-kept list), a bench's
+commit ignores ``bench/results/``, and ``bench/stale.py`` finds the results whose measured
+files changed after their commit."""
 
 from __future__ import annotations
 
+import ast
 import datetime
 import importlib.metadata
 import json
@@ -21,8 +23,8 @@ from agentrl.testing import benchmarks
 from agentrl.testing.benchmarks import (
     bench_command,
     checkout_commit,
-    declared_measured,
     library_versions,
+    measured_code,
     provenance,
     same_measured_code,
 )
@@ -32,6 +34,7 @@ RESULTS = sorted((ROOT / "bench" / "results").glob("*.json"))
 NOT_BENCHES = {"stale.py"}  # bench/stale.py reads the results; it measures nothing
 BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in NOT_BENCHES)
 STALE = ROOT / "bench" / "stale.py"
+BENCHMARKS = "agentrl.testing.benchmarks"
 
 
 def test_there_are_results_and_benches():
@@ -53,12 +56,51 @@ def test_every_result_records_its_commit_and_date(path):
 
 
 @pytest.mark.parametrize("script", BENCHES, ids=lambda p: p.name)
-def test_every_bench_declares_the_files_it_measures(script):
-    measured = declared_measured(script)
-    assert measured, f"{script.name} has no module-level MEASURED = [...] list"
-    missing = [p for p in measured if not (ROOT / p).exists()]
-    assert not missing, f"{script.name}: MEASURED paths that do not exist: {missing}"
-    assert not any(p.startswith("bench/results") for p in measured)
+def test_every_bench_measures_the_code_it_imports_and_no_list_is_kept_by_hand(script):
+    measured = measured_code(script)
+    assert measured, script.name
+    assert all((ROOT / p).is_file() for p in measured)
+    assert not any(p.startswith(("bench/results", "bench/stages")) for p in measured)
+    assert f"bench/{script.name}" not in measured
+    # The modules it imports at its top level are in it (their package's file).
+    tree = ast.parse(script.read_text())
+    imported = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module] + [
+        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
+    ]
+    for module in (m for m in imported if m.startswith("agentrl.") and m != BENCHMARKS):
+        parts = module.split(".")[1:]
+        top = {"server": "server", "tools": "tools", "agent_loops": "agent_loops"}.get(parts[0])
+        base = Path(top or "agentrl", *(parts[1:] if top else parts))
+        assert {f"{base}.py", f"{base}/__init__.py"} & set(measured), (script.name, module)
+    # No hand-kept MEASURED list: whatever the script names MEASURED is computed.
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "MEASURED" for t in node.targets
+        ):
+            assert not isinstance(node.value, ast.List | ast.Tuple), script.name
+
+
+def test_the_main_job_measures_the_cli_the_recipe_and_its_tool():
+    measured = set(measured_code(ROOT / "bench" / "retool_cpu.py"))
+    assert {
+        "agentrl/cli.py",  # it runs `agentrl train`
+        "agentrl/trainer/trainer.py",
+        "recipes/retool/run_cpu.sh",  # ROOT / "recipes" / "retool"
+        "recipes/retool/reward.py",  # named by the recipe's config
+        "tools/code_interpreter.py",  # named by its tools.yaml
+        "tools/_sandbox_boot.py",  # read by the sandbox next to it
+    } <= measured
+    assert "agentrl/testing/benchmarks.py" not in measured  # the provenance plumbing
+
+
+def test_fault_tolerance_measures_the_fault_tests_it_runs():
+    measured = set(measured_code(ROOT / "bench" / "fault_tolerance.py"))
+    assert {
+        "tests/integration/test_node_loss.py",
+        "tests/integration/fault_ledger.py",
+        "tests/integration/code_task.py",  # a bare `import` of the tests' folder
+        "agentrl/testing/loops.py",
+    } <= measured
 
 
 # -- a tiny git repository -----------------------------------------------------------------
@@ -184,12 +226,74 @@ def test_same_measured_code_compares_only_the_measured_files_of_clean_commits(re
     assert not same_measured_code(repo, None, third, ["src/a.py"])
 
 
-def test_declared_measured_reads_the_list_without_importing(tmp_path):
-    script = tmp_path / "b.py"
-    script.write_text('import no_such_module\nMEASURED: list[str] = ["x", "y/z.py"]\n')
-    assert declared_measured(script) == ["x", "y/z.py"]
-    script.write_text("X = 1\n")
-    assert declared_measured(script) is None
+PROJECT = {
+    "pyproject.toml": (
+        '[project.scripts]\nagentrl = "agentrl.cli:main"\n\n'
+        '[tool.setuptools.package-dir]\n"agentrl" = "agentrl"\n"agentrl.server" = "server"\n'
+    ),
+    "agentrl/__init__.py": '_LAZY = {"Everything": "agentrl.everything"}\n',
+    "agentrl/everything.py": "",
+    "agentrl/a.py": (
+        "from typing import TYPE_CHECKING\n\n"
+        "if TYPE_CHECKING:\n    from agentrl import typing_only\n\n\n"
+        "def later():\n    from agentrl.b import B\n"
+    ),
+    "agentrl/b.py": 'BUILTINS = ["agentrl.registered"]\n',
+    "agentrl/registered.py": "",
+    "agentrl/typing_only.py": "",
+    "agentrl/cli.py": "import agentrl.c\n",
+    "agentrl/c.py": 'BOOT = (Path(__file__).parent / "boot.txt").read_text()\n',
+    "agentrl/boot.txt": "print(1)\n",
+    "agentrl/plugins.py": "",
+    "agentrl/unused.py": "",
+    "server/__init__.py": "",
+    "server/x.py": "from .y import Y\n",
+    "server/y.py": "",
+    "recipes/r/run.sh": "agentrl train recipes/r/cfg.yaml\n",
+    "recipes/r/cfg.yaml": "plugin: agentrl.plugins:Thing\nengine: server.engine.seed=1\n",
+    "tests/t/test_x.py": "import helper\n",
+    "tests/t/helper.py": "",
+    "bench/results/x.json": "{}\n",
+    "bench/other.py": "",
+    "bench/x.py": (
+        '"""Prose naming agentrl/unused.py is not code."""\n'
+        "from pathlib import Path\n\n"
+        "from agentrl.a import later\nfrom agentrl.server.x import X\n\n"
+        'ROOT = Path(__file__).parents[1]\nRECIPE = ROOT / "recipes" / "r"\n'
+        'RESULTS = ROOT / "bench" / "results" / "x.json"\n'
+        'COMMAND = ["agentrl", "rollout", str(RECIPE / "run.sh")]\n'
+        'TESTS = ["tests/t/test_x.py::test_y"]\n'
+    ),
+}
+
+
+def test_measured_code_is_what_the_script_imports_and_names_followed_through(tmp_path):
+    _git(tmp_path, "init", "-q")
+    _write(tmp_path, PROJECT)
+    _commit(tmp_path, "project")
+    _write(
+        tmp_path, {"server/untracked.py": "", "server/y.py": "import agentrl.server.untracked\n"}
+    )
+    assert measured_code(tmp_path / "bench/x.py") == [
+        "agentrl/__init__.py",  # the package above every agentrl module
+        "agentrl/a.py",  # imported
+        "agentrl/b.py",  # imported inside a function
+        "agentrl/boot.txt",  # read next to agentrl/c.py
+        "agentrl/c.py",  # imported by the CLI
+        "agentrl/cli.py",  # "agentrl" runs the console script
+        "agentrl/plugins.py",  # named module:attr in the recipe's config
+        "agentrl/registered.py",  # a registry's built-in, named by its module path
+        "recipes/r/cfg.yaml",  # named by the shell script
+        "recipes/r/run.sh",  # ROOT / "recipes" / "r" (the whole folder)
+        "server/__init__.py",
+        "server/x.py",  # agentrl.server.x is the server/ folder
+        "server/y.py",  # a relative import
+        "tests/t/helper.py",  # a bare import next to the test
+        "tests/t/test_x.py",  # the test it names
+    ]  # not: the root's lazy exports, TYPE_CHECKING imports, docstrings, results, untracked
+    named = measured_code(tmp_path / "bench/other.py", ["--config", "recipes/r/cfg.yaml"])
+    assert named == ["agentrl/__init__.py", "agentrl/plugins.py", "recipes/r/cfg.yaml"]
+    assert measured_code(tmp_path / "bench/other.py") == []
 
 
 def _stale(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -204,7 +308,7 @@ def _stale(root: Path, *args: str) -> subprocess.CompletedProcess:
 def test_stale_lists_the_results_whose_measured_files_changed(repo):
     first = _git(repo, "rev-parse", "--short", "HEAD")
     results = {
-        # measured from its bench script's MEASURED (bench/x.py: src/a.py)
+        # measured from what its bench script names (bench/x.py: src/a.py)
         "x.json": {"commit": first, "date": "2026-01-01"},
         # a tagged run of the same bench, recorded dirty
         "x_tagged.json": {"commit": f"{first}+dirty", "date": "2026-01-01"},
@@ -218,7 +322,7 @@ def test_stale_lists_the_results_whose_measured_files_changed(repo):
         (repo / "bench/results" / name).write_text(json.dumps(payload))
     _commit(repo, "results")
     (repo / "src/a.py").write_text("A = 2\n")
-    (repo / "bench/x.py").write_text('MEASURED = ["src/a.py"]\n# the bench changed too\n')
+    (repo / "bench/x.py").write_text('SOURCE = "src/a.py"  # the bench changed too\n')
     (repo / "docs/notes.md").write_text("changed\n")
     _commit(repo, "a.py changed")
 

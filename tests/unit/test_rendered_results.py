@@ -256,22 +256,35 @@ def test_the_curve_is_the_same_bytes_for_the_same_data_and_redrawn_when_it_moves
     assert png.read_bytes() != first
 
 
-def test_a_result_without_rows_or_a_page_without_markers_is_an_error(root):
-    _write_result(root, "new_bench", {"benchmark": "new_bench", "commit": "1234567"})
-    with pytest.raises(render.RenderError, match=r"new_bench\.json: no summary rows"):
-        render.write(root)
-    done = _check(root)
-    assert done.returncode == 2 and "add them to ROWS" in done.stderr
-    (root / "bench/results/new_bench.json").unlink()
+def test_a_new_benchmark_gets_a_plain_row_and_a_broken_result_or_page_is_an_error(root):
+    _write_result(
+        root, "new_bench", {"benchmark": "new_bench", "commit": "1234567", "date": "2030-02-01"}
+    )
+    table = render.summary_table(render.load_results(root))
+    assert table.splitlines()[-1] == (
+        "| new_bench (no summary rows in scripts/render_results.py yet) | – | – | – | – | "
+        "2030-02-01 | 1234567 | not recorded |"
+    )
     broken = copy.deepcopy(_fault_tolerance())
     del broken["faults_survived"]
     _write_result(root, "fault_tolerance", broken)
     with pytest.raises(render.RenderError, match=r"fault_tolerance\.json: cannot render it"):
         render.summary_table(render.load_results(root))
+    done = _check(root)
+    assert done.returncode == 2 and "cannot render it" in done.stderr, done.stderr
     _write_result(root, "fault_tolerance", _fault_tolerance())
     (root / "README.md").write_text("# no markers\n")
     with pytest.raises(render.RenderError, match="render:why"):
         render.write(root)
+
+
+def test_in_a_checkout_only_the_committed_results_are_shown(root):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "bench"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "results"], cwd=root, check=True)
+    _write_result(root, "scratch", {"benchmark": "scratch", "commit": "1234567"})
+    assert set(render.load_results(root)) == set(RESULTS)
 
 
 def test_a_readme_figure_needs_its_result(root):
