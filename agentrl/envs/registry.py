@@ -1,5 +1,6 @@
-"""Environment sources: ``reasoning_gym:NAME``, ``gymnasium:ID``, ``textarena:ID``, names
-registered with ``@register_env``, and ``pkg.module:factory``.
+"""Environment sources: ``reasoning_gym:NAME``, ``gymnasium:ID``, ``textarena:ID``,
+``verifiers:TASKSET``, ``openenv:URL`` / ``openenv:pkg.module:app``, names registered with
+``@register_env``, and ``pkg.module:factory``.
 
 ``env_factory(source)`` resolves a source once and returns a factory; each episode calls
 it (with the config's ``kwargs``) for an environment of its own. The package adapters
@@ -23,9 +24,12 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "reasoning_gym": ("agentrl.envs.reasoning_gym", "reasoning-gym==0.1.25"),
     "gymnasium": ("agentrl.envs.gymnasium", "gymnasium==1.4.0"),
     "textarena": ("agentrl.envs.textarena", "textarena==0.7.4"),
+    "verifiers": ("agentrl.envs.verifiers", "verifiers==0.4.0"),
+    "openenv": ("agentrl.envs.openenv", "openenv-core==0.3.0"),
 }
 """Adapter prefix -> (module defining ``available_ids()`` and ``make(env_id, **kwargs)``,
-the package it needs)."""
+the package it needs). A module whose ids are open-ended (URLs, import paths) defines
+``check_id(env_id)`` instead, raising ``UnknownEnvError`` for an id it cannot use."""
 
 LIST_ALL_UP_TO = 30
 """Unknown ids list every available one up to this many; past it, the closest ones."""
@@ -76,6 +80,10 @@ def env_factory(source: str) -> EnvFactory:
             "`pkg.module:factory`"
         )
     if prefix in ADAPTERS:
+        adapter = _adapter(prefix)
+        if hasattr(adapter, "check_id"):
+            adapter.check_id(rest)
+            return functools.partial(adapter.make, rest)
         ids = _adapter_ids(prefix)
         if rest not in ids:
             raise UnknownEnvError(
