@@ -14,6 +14,10 @@ cannot run here (docker, a cluster, GPUs, a running server, minutes of Ray) has 
 ``# not run in tests: WHY`` comment at the end of its line, or on a line above it that
 covers the rest of its block; those are listed as skipped by
 ``test_commands_not_run_here``. Any other command fails the page.
+
+Every Python block of every page in docs/ writes against the public namespace only: it
+imports ``agentrl`` and ``agentrl.testing`` (and any non-agentrl module), never a module
+under them, and every ``agentrl.X`` it names is one of their exports.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Any
 import pytest
 import yaml
 
+import agentrl
+import agentrl.testing
 from agentrl.algos.advantages import get_adv_estimator
 from agentrl.algos.policy_losses import get_policy_loss
 from agentrl.cli import command_data_files, parse_args
@@ -318,6 +324,77 @@ def test_a_train_command_whose_data_no_step_makes_fails_the_page(tmp_path, monke
         run_command(command, {})
     (tmp_path / "train.jsonl").write_text("")
     run_command(command, {})
+
+
+PUBLIC = {"agentrl": set(agentrl.__all__), "agentrl.testing": set(agentrl.testing.__all__)}
+PYTHON_BLOCK = re.compile(r"^([ \t]*)```(?:python|py)\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
+
+
+def private_api_uses(code: str) -> list[str]:
+    """What ``code`` takes from agentrl outside ``agentrl`` and ``agentrl.testing``'s
+    exports: an import of another agentrl module, a name they do not export, or an
+    attribute of the ``agentrl`` module that is not one."""
+    found = []
+    aliases = {}  # local name -> public module it is bound to
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "agentrl":
+                    continue
+                if alias.name not in PUBLIC:
+                    found.append(f"import {alias.name}")
+                elif alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    aliases["agentrl"] = "agentrl"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "agentrl":
+            if node.module not in PUBLIC:
+                found.append(f"from {node.module} import ...")
+                continue
+            exported = PUBLIC[node.module] | ({"testing"} if node.module == "agentrl" else set())
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name not in exported]
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name | ast.Attribute):
+            module = ast.unparse(node.value)
+            module = aliases.get(module, module)  # agentrl, agentrl.testing or an alias
+            if module in PUBLIC and node.attr not in PUBLIC[module] | {"testing"}:
+                found.append(f"{module}.{node.attr}")
+    return found
+
+
+DOC_PAGES = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
+def test_python_blocks_use_only_the_public_namespace(page):
+    text = (DOCS / page).read_text()
+    for indent, code in PYTHON_BLOCK.findall(text):
+        code = "\n".join(line.removeprefix(indent) for line in code.splitlines())
+        assert not private_api_uses(code), f"{page}: {private_api_uses(code)} in\n{code}"
+
+
+def test_the_public_namespace_check_finds_what_a_block_takes_from_elsewhere():
+    code = (
+        "import agentrl\n"
+        "import agentrl.testing as t\n"
+        "from agentrl import SamplingParams, rollout\n"
+        "from agentrl.testing import ScriptedClient\n"
+        "import agentrl.rollout.worker\n"
+        "from agentrl.core.types import TokenOutput\n"
+        "from agentrl import RolloutEngine\n"
+        "agentrl.rollout(cfg)\n"
+        "agentrl.ObjectStoreSync(control).push\n"
+        "agentrl.envs.env_factory\n"
+        "t.ScriptedClient, t.fidelity\n"
+        "config_path = 'agentrl.envs.reward'\n"
+    )
+    assert sorted(private_api_uses(code)) == [
+        "agentrl.RolloutEngine",
+        "agentrl.envs",
+        "agentrl.testing.fidelity",
+        "from agentrl.core.types import ...",
+        "import agentrl.rollout.worker",
+    ]
 
 
 @pytest.mark.parametrize("guide", GUIDES)
