@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         get_adv_estimator,
         register_adv_estimator,
         scores_to_token_rewards,
+        turn_returns,
     )
     from agentrl.algos.config import (
         AlgorithmConfig,
@@ -71,6 +72,7 @@ _EXPORTS = {
     "get_adv_estimator": "agentrl.algos.advantages",
     "register_adv_estimator": "agentrl.algos.advantages",
     "scores_to_token_rewards": "agentrl.algos.advantages",
+    "turn_returns": "agentrl.algos.advantages",
     "AlgorithmConfig": "agentrl.algos.config",
     "DynamicSamplingConfig": "agentrl.algos.config",
     "KLConfig": "agentrl.algos.config",
@@ -144,6 +146,7 @@ __all__ = [
     "register_adv_estimator",
     "register_policy_loss",
     "scores_to_token_rewards",
+    "turn_returns",
     "value_loss",
 ]
 

@@ -11,6 +11,11 @@ Every estimator maps :class:`AdvantageInputs` and the :class:`AlgorithmConfig` t
   and bootstrapping skip over them, so ``γ`` applies once per model token.
 - A group holding a single sample has baseline 0 and scale 1 (its raw score is the
   advantage), as in verl, so that singleton groups still carry their reward.
+
+GRPO, Dr.GRPO and RLOO assign credit as ``cfg.credit`` says: ``broadcast`` gives every
+model token of a response its sequence advantage; ``per_turn`` gives each model turn
+(``turn_index``) the advantage of its discounted return ``G_k`` (:func:`turn_returns`),
+against the baseline and scale the group's ``G_0`` give.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ class AdvantageInputs:
     """``[B, T]`` critic values: GAE."""
     reward_baselines: Tensor | None = None
     """``[B]`` reward of the greedy response to the same prompt: ReMax."""
+    turn_index: Tensor | None = None
+    """``[B, T]`` the model turn (0, 1, ...) of each model token, for ``credit: per_turn``
+    (read where ``response_mask`` is 1); None = every response is one turn."""
 
     @property
     def scores(self) -> Tensor:
@@ -97,6 +105,10 @@ def compute_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advanta
         )
     if inputs.values is not None and inputs.values.shape != rewards.shape:
         raise ValueError(f"values {tuple(inputs.values.shape)} must be {tuple(rewards.shape)}")
+    if inputs.turn_index is not None and inputs.turn_index.shape != rewards.shape:
+        raise ValueError(
+            f"turn_index {tuple(inputs.turn_index.shape)} must be {tuple(rewards.shape)}"
+        )
     if inputs.index is not None and len(inputs.index) != rewards.shape[0]:
         raise ValueError(f"index has {len(inputs.index)} entries for {rewards.shape[0]} rows")
     return estimator(inputs, cfg)
@@ -159,15 +171,57 @@ def gae(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advantages:
     return Advantages(masked_whiten(adv, mask), returns)
 
 
-def _grpo(inputs: AdvantageInputs, norm_by_std: bool, name: str) -> Advantages:
-    _require(inputs.index, "index", name)
+def turn_returns(
+    token_level_rewards: Tensor, response_mask: Tensor, turn_index: Tensor | None, gamma: float
+) -> tuple[Tensor, Tensor]:
+    """Per-turn discounted returns: ``([B, T]`` the return of each model token's turn,
+    ``[B]`` the return from the first turn ``G_0)``.
+
+    ``R_k = Σ_{t in turn k} r_t m_t`` and ``G_k = Σ_{k' ≥ k} γ^(k'-k) R_k'``; a row
+    without model tokens has ``G_0 = 0``. ``turn_index`` None makes each row one turn.
+    """
+    mask = response_mask.bool()
+    turns = torch.zeros_like(mask, dtype=torch.long) if turn_index is None else turn_index
+    turns = torch.where(mask, turns.long(), 0)
+    num_turns = int(turns.max()) + 1 if turns.numel() else 1
+    rewards = torch.where(mask, token_level_rewards, 0.0)
+    per_turn = torch.zeros(
+        (rewards.shape[0], num_turns), dtype=rewards.dtype, device=rewards.device
+    ).scatter_add_(1, turns, rewards)
+    k = torch.arange(num_turns, device=rewards.device)
+    steps = k.unsqueeze(1) - k.unsqueeze(0)  # [k', k] = k' - k
+    discount = torch.where(
+        steps >= 0,
+        torch.tensor(gamma, dtype=rewards.dtype, device=rewards.device).pow(steps.clamp(min=0)),
+        0.0,
+    )
+    returns = per_turn @ discount  # G_k = Σ_k' R_k' γ^(k'-k) [k' ≥ k]
+    return torch.where(mask, returns.gather(1, turns), 0.0), returns[:, 0]
+
+
+def _credit(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+    """``([B, T]`` the return each token is credited with, ``[B]`` the return the group
+    baseline is computed from): the sequence score for ``broadcast``, the turn returns
+    and ``G_0`` for ``per_turn``."""
+    if cfg.credit == "per_turn":
+        return turn_returns(
+            inputs.token_level_rewards, inputs.response_mask, inputs.turn_index, cfg.gamma
+        )
     scores = inputs.scores
+    return scores.unsqueeze(-1).expand_as(inputs.token_level_rewards), scores
+
+
+def _grpo(
+    inputs: AdvantageInputs, cfg: AlgorithmConfig, norm_by_std: bool, name: str
+) -> Advantages:
+    _require(inputs.index, "index", name)
+    credited, scores = _credit(inputs, cfg)
     _, count, mean, std = _group_stats(scores, inputs.index)
     single = count == 1
-    adv = scores - torch.where(single, 0.0, mean)
+    adv = credited - torch.where(single, 0.0, mean).unsqueeze(-1)
     if norm_by_std:
-        adv = adv / (torch.where(single, 1.0, std) + GRPO_EPS)
-    adv = _broadcast(adv, inputs.response_mask)
+        adv = adv / (torch.where(single, 1.0, std) + GRPO_EPS).unsqueeze(-1)
+    adv = torch.where(inputs.response_mask.bool(), adv, 0.0)
     return Advantages(adv, adv)
 
 
@@ -178,8 +232,10 @@ def grpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advantages:
 
     ``std_g`` is the unbiased group std and ``ε = 1e-6``, so a group with equal scores
     gets 0. With ``norm_adv_by_std_in_grpo=False`` the division is skipped (Dr.GRPO).
+    With ``credit: per_turn``, ``s_i`` is ``G_0`` in the statistics and a token of turn
+    ``k`` gets ``(G_ik - mean_g G_0) / (std_g G_0 + ε)``.
     """
-    return _grpo(inputs, cfg.norm_adv_by_std_in_grpo, "grpo")
+    return _grpo(inputs, cfg, cfg.norm_adv_by_std_in_grpo, "grpo")
 
 
 @register_adv_estimator("dr_grpo")
@@ -190,18 +246,23 @@ def dr_grpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advantages:
     The paper also removes length normalisation: pair it with
     ``loss_agg_mode="seq-mean-token-sum-norm"``.
     """
-    return _grpo(inputs, False, "dr_grpo")
+    return _grpo(inputs, cfg, False, "dr_grpo")
 
 
 @register_adv_estimator("rloo")
 @torch.no_grad()
 def rloo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advantages:
-    """RLOO (Ahmadian et al., 2024): ``Â_i = s_i - (Σ_{j∈g, j≠i} s_j) / (n_g - 1)``."""
+    """RLOO (Ahmadian et al., 2024): ``Â_i = s_i - (Σ_{j∈g, j≠i} s_j) / (n_g - 1)``.
+
+    With ``credit: per_turn`` a token of turn ``k`` gets
+    ``G_ik - (Σ_{j∈g, j≠i} G_j0) / (n_g - 1)``.
+    """
     _require(inputs.index, "index", "rloo")
-    scores = inputs.scores
+    credited, scores = _credit(inputs, cfg)
     _, count, mean, _ = _group_stats(scores, inputs.index)
     loo_mean = (mean * count - scores) / (count - 1).clamp(min=1)
-    adv = _broadcast(scores - torch.where(count > 1, loo_mean, 0.0), inputs.response_mask)
+    adv = credited - torch.where(count > 1, loo_mean, 0.0).unsqueeze(-1)
+    adv = torch.where(inputs.response_mask.bool(), adv, 0.0)
     return Advantages(adv, adv)
 
 

@@ -25,6 +25,10 @@ LossAggMode = Literal[
 ]
 RolloutISLevel = Literal["token", "sequence", "geometric"]
 RolloutISMode = Literal["truncate", "mask"]
+CreditAssignment = Literal["broadcast", "per_turn"]
+
+PER_TURN_ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
+"""The estimators ``credit: per_turn`` works with (group baselines over episodes)."""
 
 BUILTIN_ADV_ESTIMATORS: tuple[str, ...] = (
     "gae",
@@ -182,7 +186,21 @@ class AlgorithmConfig(Section):
         description="Registered advantage estimator: `gae`, `grpo`, `dr_grpo`, `rloo`, "
         "`reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax` or `opo`.",
     )
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (GAE, REINFORCE++).")
+    gamma: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Discount factor: per model token for GAE and REINFORCE++, per model "
+        "turn for `credit: per_turn`.",
+    )
+    credit: CreditAssignment = Field(
+        "broadcast",
+        description="How rewards reach the tokens with `grpo`, `dr_grpo` and `rloo`: "
+        "`broadcast` gives every model token the advantage of its episode's score; "
+        "`per_turn` gives each model turn the advantage of its discounted return over the "
+        "per-turn rewards (`extra['turn_rewards']` of the env loop) against the group's "
+        "baseline.",
+    )
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
     value_clip: float = Field(
         0.5, gt=0, description="GAE critic: clip range of new values around the old ones."
@@ -220,6 +238,16 @@ class AlgorithmConfig(Section):
         description="Zero the weights of a sequence with any token ratio below this; "
         "None = no veto.",
     )
+
+    @model_validator(mode="after")
+    def _check_per_turn_estimator(self) -> AlgorithmConfig:
+        if self.credit == "per_turn" and self.adv_estimator not in PER_TURN_ADV_ESTIMATORS:
+            raise ValueError(
+                f"credit: per_turn works with adv_estimator {', '.join(PER_TURN_ADV_ESTIMATORS)}"
+                f"; {self.adv_estimator!r} computes its own token-level returns (use "
+                "credit: broadcast)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_rollout_is_thresholds(self) -> AlgorithmConfig:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentrl.algos.turns import turn_layout
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.trainer.dispatch import Batch
 
@@ -27,7 +28,9 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
     """Left-pad prompts, right-pad responses; returns the batch and each row's group id.
 
     Keys: ``input_ids``, ``attention_mask``, ``response_mask`` (model tokens),
-    ``rollout_log_probs``, ``response_versions``, ``scores``, ``sample_weight``.
+    ``rollout_log_probs``, ``response_versions``, ``scores``, ``sample_weight``, and for
+    ``credit: per_turn`` ``turn_index``/``turn_rewards`` (``agentrl.algos.turns``: from
+    the output's ``extra["turn_ends"]``/``extra["turn_rewards"]`` when it has both).
     """
     if not samples:
         raise ValueError("cannot build a training batch from zero samples")
@@ -39,6 +42,8 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
     response_mask = torch.zeros((rows, response_len), dtype=torch.float32)
     rollout_log_probs = torch.zeros((rows, response_len), dtype=torch.float32)
     versions = torch.full((rows, response_len), -1, dtype=torch.long)
+    turn_index = torch.full((rows, response_len), -1, dtype=torch.long)
+    turn_rewards = torch.zeros((rows, response_len), dtype=torch.float32)
     for i, sample in enumerate(samples):
         out = sample.output
         p, r = len(out.prompt_ids), len(out.response_ids)
@@ -49,12 +54,20 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
             response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.float32)
             rollout_log_probs[i, :r] = torch.tensor(out.response_logprobs)
             versions[i, :r] = torch.tensor(out.response_versions)
+            turn_index[i, :r], turn_rewards[i, :r] = turn_layout(
+                response_mask[i, :r],
+                sample.score,
+                out.extra.get("turn_ends"),
+                out.extra.get("turn_rewards"),
+            )
     batch: Batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "response_mask": response_mask,
         "rollout_log_probs": rollout_log_probs,
         "response_versions": versions,
+        "turn_index": turn_index,
+        "turn_rewards": turn_rewards,
         "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
         "sample_weight": torch.tensor(
             [float(s.output.extra.get("sample_weight", 1.0)) for s in samples]

@@ -206,7 +206,13 @@ def add_advantages(
         scores = scores + overlong_penalty(
             lengths, max_response_length, cfg.overlong.buffer_length, cfg.overlong.penalty_factor
         )
-    token_rewards = scores_to_token_rewards(scores, mask)
+    if cfg.credit == "per_turn" and "turn_rewards" in batch:
+        # The turn rewards add up to the score; the overlong shaping goes on the last token.
+        token_rewards = batch["turn_rewards"] + scores_to_token_rewards(
+            scores - batch["scores"], mask
+        )
+    else:
+        token_rewards = scores_to_token_rewards(scores, mask)
     metrics: dict[str, float] = {}
     if kl_controller is not None:
         token_rewards, kl_metrics = apply_kl_penalty(
@@ -223,6 +229,7 @@ def add_advantages(
         response_mask=mask,
         index=group_ids,
         values=batch.get("values"),
+        turn_index=batch.get("turn_index"),
     )
     result = compute_advantages(inputs, cfg)
     batch["advantages"] = result.advantages.float()

@@ -321,7 +321,11 @@ def test_unknown_estimator_lists_the_registered_ones():
         get_adv_estimator("ppo")
 
 
-def test_custom_estimator_registers_and_duplicates_are_refused():
+def test_custom_estimator_registers_and_duplicates_are_refused(monkeypatch):
+    from agentrl.algos import advantages
+
+    monkeypatch.setattr(advantages, "_REGISTRY", dict(advantages._REGISTRY))  # left as found
+
     @register_adv_estimator("test_zero")
     def zero(inputs, cfg):
         z = torch.zeros_like(inputs.token_level_rewards)
