@@ -118,9 +118,54 @@ def _fault_tolerance() -> dict:
     }
 
 
+def _cluster_sim() -> dict:
+    def mode(tokens: float, speedup: float, efficiency: float) -> dict:
+        return {
+            "trained_tokens_per_s": tokens,
+            "speedup_over_sync": speedup,
+            "efficiency": efficiency,
+        }
+
+    return {
+        "benchmark": "cluster_sim",
+        "commit": "abc1234",
+        "date": "2030-01-06",
+        "command": ".venv/bin/python bench/cluster_sim.py --scale 8x2",
+        "setup": {"replicas": 4, "profile": "big-gpu", "train_gpus": 2},
+        "agentic_best_mode": "eta2",
+        "agentic_speedup_over_sync": 2.5,
+        "workloads": {
+            "agentic": {
+                "modes": {
+                    "sync": mode(100.0, 1.0, 0.3),
+                    "eta1": mode(200.0, 2.0, 0.6),
+                    "eta2": mode(250.0, 2.5, 0.75),
+                }
+            }
+        },
+        "scaling": [
+            {
+                "replicas": 8,
+                "workers": 2,
+                "trained_tokens_per_s": 90.0,
+                "efficiency": 0.8,
+                "max_concurrent_episodes": 64,
+            },
+            {
+                "replicas": 16,
+                "workers": 4,
+                "trained_tokens_per_s": 80.0,
+                "efficiency": 0.5,
+                "max_concurrent_episodes": 128,
+            },
+        ],
+    }
+
+
 RESULTS = {
     "retool_cpu": _retool_cpu,
     "async_vs_sync": _async_vs_sync,
+    "cluster_sim": _cluster_sim,
     "weight_swap_pause": _weight_swap_pause,
     "fault_tolerance": _fault_tolerance,
 }
@@ -169,7 +214,8 @@ def test_the_readme_blocks_carry_the_results_figures_and_nothing_else_moves(root
     why = readme.split("<!-- render:why -->\n")[1].split("<!-- /render:why")[0]
     reasons = why.strip().splitlines()
     assert len(reasons) == 3 and all(r.startswith("- ") for r in reasons)
-    assert "1.75× ± 0.12" in reasons[0] and "#async-vs-sync-training" in reasons[0]
+    assert "4 replicas of big-gpu" in reasons[0] and "trains 2.50× the tokens/s" in reasons[0]
+    assert "75% of the ideal" in reasons[0] and "#simulated-cluster" in reasons[0]
     assert "12 ms against 5.6 s in place" in reasons[1] and "big-model" in reasons[1]
     assert (
         "21 of 22 fault runs" in reasons[2]
@@ -213,11 +259,26 @@ def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(ro
     swap = rows["Weight swap, big-model: generation truly paused, staged"]
     assert swap[1:4] == ["**12 ms**", "5.6 s (in place)", "42× request → resume"]
     assert swap[-1] == "not recorded |"  # the result records no command
+    sim = rows[
+        "Simulated cluster, agentic (4 sim replicas of big-gpu, 2 train GPUs): async (η = 2) "
+        "vs sync, trained tokens/s"
+    ]
+    assert sim[1:5] == ["250", "100 (sync)", "**2.50×**", "75% of the ideal bound, one run"]
+    scale = rows["Simulated cluster, control plane at 16 replicas × 4 workers: trained tokens/s"]
+    assert scale[1:5] == ["80", "–", "50% of the ideal bound", "128 concurrent episodes, one run"]
     faults = rows["Fault injection, every fault: runs survived; episodes lost / trained twice"]
     assert faults[1] == "**21 of 22**; **3 / 1**"
     # The table follows ROWS' order, whatever the files' names.
     order = [name.split(",")[0].split(":")[0] for name in rows]
-    assert order == ["Main job", "Main job", "Async (η = 1", "Fault injection", "Weight swap"]
+    assert order == [
+        "Main job",
+        "Main job",
+        "Async (η = 1",
+        "Simulated cluster",
+        "Simulated cluster",
+        "Fault injection",
+        "Weight swap",
+    ]
 
 
 def test_check_passes_once_rendered_and_fails_with_a_diff_when_a_result_moves(root):
