@@ -53,3 +53,9 @@ class EnvConfig(Section):
         "worker; false runs them on the worker's event loop (faster for microsecond "
         "steps, but a hang there stalls every episode of the worker).",
     )
+    self_play_trained: Literal["player", "both"] = Field(
+        "player",
+        description="With an environment whose other seats the policy itself plays "
+        "(TextArena's `opponent: self`): train the model's player's turns only (`player`), "
+        "or every seat's (`both`: one trajectory per seat, each with its seat's reward).",
+    )

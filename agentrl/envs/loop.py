@@ -27,6 +27,7 @@ from agentrl.envs.base import EnvError, Message
 from agentrl.envs.registry import env_factory
 from agentrl.envs.reward import ENV_REWARD_METRIC
 from agentrl.envs.runner import EnvRunner
+from agentrl.envs.self_play import SelfPlayPolicy
 
 STOP_REASONS = ("terminated", "truncated", "max_turns", "response_budget", "aborted")
 """``extra["stop_reason"]`` values: the environment ended the episode (``terminated``,
@@ -56,9 +57,15 @@ class EnvAgentLoop(AgentLoopBase):
     ``extra_info.env_kwargs`` (merged over ``rollout.env.kwargs``). An environment that
     raises, hangs past ``rollout.env.step_timeout_s`` or returns a malformed step fails
     the episode with an ``EnvError`` naming the step; the worker records it.
+
+    An environment with ``bind_policy`` gets the policy for its other seats
+    (:mod:`agentrl.envs.self_play`); with ``rollout.env.self_play_trained: both`` the
+    episode returns the model's player's trajectory first, then each other seat's.
     """
 
-    async def run(self, sample: dict[str, Any], sampling: SamplingParams) -> AgentLoopOutput:
+    async def run(
+        self, sample: dict[str, Any], sampling: SamplingParams
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         cfg = self.config.env
         extra_info = sample.get("extra_info") or {}
         source = extra_info.get("env_source") or cfg.source
@@ -74,10 +81,38 @@ class EnvAgentLoop(AgentLoopBase):
         except Exception as exc:
             raise EnvError(f"env {source} could not be made: {type(exc).__name__}: {exc}") from exc
         runner = EnvRunner(env, source, cfg.step_timeout_s, cfg.sync_in_thread)
+        self_play = None
+        if callable(getattr(env, "bind_policy", None)):
+            self_play = SelfPlayPolicy(self, sampling, cfg.step_timeout_s)
+            env.bind_policy(self_play)
         try:
-            return await self._episode(runner, sample, extra_info.get("env_seed"), sampling)
+            output, info = await self._episode(runner, sample, extra_info.get("env_seed"), sampling)
         finally:
             await runner.close()
+        if self_play is None or cfg.self_play_trained == "player" or not self_play.seats:
+            return output
+        return [output, *self._seat_outputs(self_play, info)]
+
+    def _seat_outputs(
+        self, self_play: SelfPlayPolicy, info: dict[str, Any]
+    ) -> list[AgentLoopOutput]:
+        """The trajectories of the seats the policy played for the environment, each
+        earning, on its last turn, the reward ``info["player_rewards"]`` gives its seat."""
+        rewards = info.get("player_rewards") or {}
+        outputs = []
+        for seat, conv in self_play.seats.items():
+            ends = self_play.turn_ends[seat]
+            reward = float(rewards.get(seat, 0.0))
+            turn_rewards = [0.0] * len(ends)
+            if turn_rewards:
+                turn_rewards[-1] = reward
+            output = conv.build(
+                metrics={ENV_REWARD_METRIC: reward, "env/seat": seat},
+                extra={"turn_rewards": turn_rewards, "turn_ends": ends, "self_play_seat": seat},
+            )
+            output.reward = reward
+            outputs.append(output)
+        return outputs
 
     async def _episode(
         self,
@@ -85,7 +120,8 @@ class EnvAgentLoop(AgentLoopBase):
         sample: dict[str, Any],
         seed: int | None,
         sampling: SamplingParams,
-    ) -> AgentLoopOutput:
+    ) -> tuple[AgentLoopOutput, dict[str, Any]]:
+        """The model's player's trajectory, and the info of the environment's last step."""
         cfg = self.config.env
         messages, _ = await runner.reset(sample, seed)
         conv = await self.conversation(messages)
@@ -94,6 +130,7 @@ class EnvAgentLoop(AgentLoopBase):
         final: list[Message] = []
         gen_time = 0.0
         stop = "max_turns"
+        info: dict[str, Any] = {}
         for turn in range(1, cfg.max_turns + 1):
             start = time.perf_counter()
             await conv.generate(sampling)
@@ -105,6 +142,7 @@ class EnvAgentLoop(AgentLoopBase):
                 stop = "aborted"
                 break
             result = await runner.step(_action_message(conv))
+            info = result.info
             rewards.append(result.reward)
             turn_ends.append(conv.trajectory.response_length)
             if result.done:
@@ -120,7 +158,8 @@ class EnvAgentLoop(AgentLoopBase):
             if conv.remaining_tokens == 0:
                 stop = "response_budget"
                 break
-        return await self._output(conv, runner, rewards, turn_ends, final, stop, gen_time)
+        output = await self._output(conv, runner, rewards, turn_ends, final, stop, gen_time)
+        return output, info
 
     async def _output(
         self,

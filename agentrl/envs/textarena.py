@@ -3,13 +3,16 @@
 The model plays ``player_id`` (default 0). Single-player games need nothing else; a
 two-player game needs an ``opponent``: a callable ``opponent(observation) -> action``
 (a ``textarena.Agent`` is one), given as the object or as an import path
-``pkg.module:name`` (a class there is instantiated without arguments). The opponent sees
-what TextArena's LLM agents see: its whole history as one text. The model sees a chat:
+``pkg.module:name`` (a class there is instantiated without arguments), or ``"self"``: the
+policy being trained (self-play, :mod:`agentrl.envs.self_play`). A callable opponent sees
+what TextArena's LLM agents see: its whole history as one text. The model, and the
+policy in the opponent's seat, see a chat:
 each turn's user message holds only what happened since its last move (the game's
 messages and the opponent's moves, as ``[SENDER] text`` lines), never its own move again.
 
 The game's reward for the model's player comes when the game ends (TextArena scores at
-the end); every earlier turn earns 0.
+the end); every earlier turn earns 0. The last step's ``info["player_rewards"]`` holds
+every player's reward.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from textarena.envs.registration import ENV_REGISTRY
 
 from agentrl.envs.base import EnvError, Message, StepResult
 from agentrl.envs.registry import import_callable
+from agentrl.envs.self_play import SelfPlayPolicy
 
 Opponent = Callable[[str], str]
+
+SELF = "self"
+"""``opponent: self``: the policy being trained plays the other seat."""
 
 # TextArena seeds Python's global random in reset: resets of concurrent episodes take turns,
 # so that a seed gives the same game (randomness drawn later in a game may interleave).
@@ -79,7 +86,9 @@ class TextArenaEnv:
                 "(rollout.env.kwargs.opponent: pkg.module:policy, policy(observation) -> action)"
             )
         self.player_id = player_id
-        self.opponent = _opponent(opponent) if opponent is not None else None
+        self.self_play = opponent == SELF
+        self.opponent = None if opponent is None or self.self_play else _opponent(opponent)
+        self._policy: SelfPlayPolicy | None = None
         self.system_prompt = system_prompt
         # The innermost game: its observations are the raw (sender, text, type) messages.
         game = self.env
@@ -87,58 +96,88 @@ class TextArenaEnv:
             game = game.env
         self._game = game
         self._opponent_history = ""
+        self._opened: set[int] = set()  # the seats the policy has had its opening for
+
+    def bind_policy(self, policy: SelfPlayPolicy) -> None:
+        """Take the policy for the opponent's seat (used with ``opponent: self`` only)."""
+        if self.self_play:
+            self._policy = policy
 
     def reset(
         self, row: dict[str, Any] | None = None, seed: int | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """A new game (``seed`` seeds it); the opponent moves first if it opens."""
+        if self.self_play and self._policy is None:
+            raise EnvError(
+                f"textarena:{self.env_id} with opponent: self runs in the `env` agent loop "
+                "only (it lends the policy to the opponent's seat)"
+            )
         with _RESET_LOCK:
             self.env.reset(num_players=self.num_players, seed=seed)
         self._opponent_history = ""
+        self._opened.clear()
         done = self._opponent_moves()
         if done:
             raise EnvError(f"textarena:{self.env_id} ended before the model's first move")
+        return self._opening(self._observation(self.player_id)), {}
+
+    def _opening(self, observation: str) -> list[Message]:
         messages: list[Message] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": self._own_observation()})
-        return messages, {}
+        messages.append({"role": "user", "content": observation})
+        return messages
 
     def step(self, message: Message) -> StepResult:
         """The model's move, then the opponent's until it is the model's turn again."""
         done, info = self.env.step(message.get("content") or "")
         done = done or self._opponent_moves()
-        observation = self._own_observation()
+        observation = self._observation(self.player_id)
         messages = [{"role": "user", "content": observation}] if observation else []
         if not done:
             return StepResult(messages, 0.0, info=dict(info or {}))
         rewards, game_info = self.env.close()
-        reward = float((rewards or {}).get(self.player_id, 0.0))
+        rewards = {pid: float(r) for pid, r in (rewards or {}).items()}
         return StepResult(
-            messages, reward, terminated=True, info=dict((game_info or {}).get(self.player_id, {}))
+            messages,
+            rewards.get(self.player_id, 0.0),
+            terminated=True,
+            info={**(game_info or {}).get(self.player_id, {}), "player_rewards": rewards},
         )
 
     def _opponent_moves(self) -> bool:
         """Let the opponent play while it is its turn; whether the game ended."""
-        while self._game.state.current_player_id != self.player_id:
-            if self.opponent is None or self._game.state.done:
+        while (seat := self._game.state.current_player_id) != self.player_id:
+            if self._game.state.done or (self.opponent is None and self._policy is None):
                 return bool(self._game.state.done)
-            _, observation = self._game.get_observation()
-            self._opponent_history += "".join(f"\n{self._line(m)}" for m in observation)
-            done, _ = self.env.step(self.opponent(self._opponent_history))
+            done, _ = self.env.step(self._opponent_move(seat))
             if done:
                 return True
         return bool(self._game.state.done)
 
-    def _own_observation(self) -> str:
-        """What reached the model's player since its last move, its own move left out."""
+    def _opponent_move(self, seat: int) -> str:
+        if self._policy is not None:
+            observation = self._observation(seat)
+            first = seat not in self._opened
+            self._opened.add(seat)
+            messages = (
+                self._opening(observation) if first else [{"role": "user", "content": observation}]
+            )
+            return self._policy.move_blocking(seat, messages)
+        assert self.opponent is not None
+        _, observation = self._game.get_observation()
+        self._opponent_history += "".join(f"\n{self._line(m)}" for m in observation)
+        return self.opponent(self._opponent_history)
+
+    def _observation(self, seat: int) -> str:
+        """What reached ``seat`` since its last move, its own move left out."""
         state = self._game.state
-        queue = state.observations.get(self.player_id, [])
-        state.observations[self.player_id] = []
+        queue = state.observations.get(seat, [])
+        state.observations[seat] = []
         lines = [
             self._line(m)
             for m in queue
-            if not (m[0] == self.player_id and m[2] == ObservationType.PLAYER_ACTION)
+            if not (m[0] == seat and m[2] == ObservationType.PLAYER_ACTION)
         ]
         return "\n".join(lines).strip()
 

@@ -124,3 +124,77 @@ async def test_the_env_loop_plays_tic_tac_toe_against_the_opponent(make_loop):
     assert len(user_turns) == 4 and "[Player 1] [1]" in user_turns[2]
     assert " O | O | O " in user_turns[3]
     assert out.response_mask[-1] == 1
+
+
+def _user_turns(out) -> list[str]:
+    return [m["content"] for m in out.extra["messages"] if m["role"] == "user"]
+
+
+async def test_self_play_the_policy_plays_the_opponent_from_its_own_chat(make_loop):
+    # One script for both seats, in move order: X 4, O 0, X 3, O 1, X 5 (X wins).
+    loop = make_loop(
+        ["[4]", "[0]", "[3]", "[1]", "[5]"],
+        source="textarena:TicTacToe-v0",
+        kwargs={"opponent": "self"},
+    )
+    out = await loop.run({"prompt": [], "extra_info": {"env_seed": 0}}, SAMPLING)
+    assert not isinstance(out, list)  # self_play_trained: player (the default)
+    assert out.extra["turn_rewards"] == [0.0, 0.0, 1.0]
+    assert "[Player 1] [0]" in _user_turns(out)[1] and "[Player 1] [1]" in _user_turns(out)[2]
+    assert out.metrics["tokenization_drift"] == 0
+
+
+async def test_self_play_trains_both_seats_each_with_its_reward(make_loop, tokenizer):
+    loop = make_loop(
+        ["[4]", "[0]", "[3]", "[1]", "[5]"],
+        source="textarena:TicTacToe-v0",
+        kwargs={"opponent": "self"},
+        self_play_trained="both",
+    )
+    player, opponent = await loop.run({"prompt": [], "extra_info": {"env_seed": 0}}, SAMPLING)
+    assert (player.reward, opponent.reward) == (1.0, -1.0)
+    assert opponent.extra["self_play_seat"] == 1
+    assert opponent.extra["turn_rewards"] == [0.0, -1.0]
+    # The opponent's chat: its opening (X's first move in it), then X's second move.
+    turns = _user_turns(opponent)
+    assert "You are Player 1" in turns[0] and "[Player 0] [4]" in turns[0]
+    assert "[Player 0] [3]" in turns[1]
+    # Its model turns are its own moves, kept token-exact with mask 1.
+    said = [
+        tokenizer.decode([t for t, m in zip(opponent.response_ids, opponent.response_mask) if m])
+    ]
+    assert "[0]" in said[0] and "[1]" in said[0]
+    assert sum(opponent.response_mask) < len(opponent.response_mask)  # env tokens: mask 0
+    assert opponent.extra["turn_ends"][-1] <= len(opponent.response_ids)
+
+
+async def test_self_play_where_the_opponent_opens(make_loop):
+    loop = make_loop(
+        ["[0]", "[4]", "[1]", "[3]", "[8]", "[5]"],
+        source="textarena:TicTacToe-v0",
+        kwargs={"opponent": "self", "player_id": 1},
+        self_play_trained="both",
+    )
+    player, opponent = await loop.run({"prompt": [], "extra_info": {"env_seed": 0}}, SAMPLING)
+    assert (
+        "You are Player 1" in _user_turns(player)[0] and "[Player 0] [0]" in _user_turns(player)[0]
+    )
+    assert opponent.extra["self_play_seat"] == 0
+    assert (player.reward, opponent.reward) == (1.0, -1.0)  # O takes 3, 4, 5
+
+
+async def test_self_play_on_the_event_loop_is_a_recorded_error_not_a_hang(make_loop):
+    loop = make_loop(
+        ["[4]", "[0]"],
+        source="textarena:TicTacToe-v0",
+        kwargs={"opponent": "self"},
+        sync_in_thread=False,
+    )
+    with pytest.raises(EnvError, match="sync_in_thread: true"):
+        await loop.run({"prompt": [], "extra_info": {"env_seed": 0}}, SAMPLING)
+
+
+def test_self_play_outside_the_env_loop_is_a_clear_error():
+    env = env_factory("textarena:TicTacToe-v0")(opponent="self")
+    with pytest.raises(EnvError, match="in the `env` agent loop only"):
+        env.reset(seed=0)
