@@ -107,11 +107,6 @@ class TextArenaEnv:
         self, row: dict[str, Any] | None = None, seed: int | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """A new game (``seed`` seeds it); the opponent moves first if it opens."""
-        if self.self_play and self._policy is None:
-            raise EnvError(
-                f"textarena:{self.env_id} with opponent: self runs in the `env` agent loop "
-                "only (it lends the policy to the opponent's seat)"
-            )
         with _RESET_LOCK:
             self.env.reset(num_players=self.num_players, seed=seed)
         self._opponent_history = ""
@@ -148,7 +143,7 @@ class TextArenaEnv:
     def _opponent_moves(self) -> bool:
         """Let the opponent play while it is its turn; whether the game ended."""
         while (seat := self._game.state.current_player_id) != self.player_id:
-            if self._game.state.done or (self.opponent is None and self._policy is None):
+            if self._game.state.done or (self.opponent is None and not self.self_play):
                 return bool(self._game.state.done)
             done, _ = self.env.step(self._opponent_move(seat))
             if done:
@@ -156,7 +151,12 @@ class TextArenaEnv:
         return bool(self._game.state.done)
 
     def _opponent_move(self, seat: int) -> str:
-        if self._policy is not None:
+        if self.self_play:
+            if self._policy is None:
+                raise EnvError(
+                    f"textarena:{self.env_id} with opponent: self needs the policy for seat "
+                    f"{seat}: it plays in the `env` agent loop only"
+                )
             observation = self._observation(seat)
             first = seat not in self._opened
             self._opened.add(seat)

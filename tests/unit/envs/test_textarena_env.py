@@ -160,10 +160,9 @@ async def test_self_play_trains_both_seats_each_with_its_reward(make_loop, token
     assert "You are Player 1" in turns[0] and "[Player 0] [4]" in turns[0]
     assert "[Player 0] [3]" in turns[1]
     # Its model turns are its own moves, kept token-exact with mask 1.
-    said = [
-        tokenizer.decode([t for t, m in zip(opponent.response_ids, opponent.response_mask) if m])
-    ]
-    assert "[0]" in said[0] and "[1]" in said[0]
+    pairs = zip(opponent.response_ids, opponent.response_mask, strict=True)
+    said = tokenizer.decode([token for token, mask in pairs if mask])
+    assert "[0]" in said and "[1]" in said and "[4]" not in said
     assert sum(opponent.response_mask) < len(opponent.response_mask)  # env tokens: mask 0
     assert opponent.extra["turn_ends"][-1] <= len(opponent.response_ids)
 
@@ -194,7 +193,11 @@ async def test_self_play_on_the_event_loop_is_a_recorded_error_not_a_hang(make_l
         await loop.run({"prompt": [], "extra_info": {"env_seed": 0}}, SAMPLING)
 
 
-def test_self_play_outside_the_env_loop_is_a_clear_error():
+def test_self_play_outside_the_env_loop_opens_but_cannot_move_the_opponent():
     env = env_factory("textarena:TicTacToe-v0")(opponent="self")
+    messages, _ = env.reset(seed=0)  # the rows command reads the opening this way
+    assert "You are Player 0" in messages[0]["content"]
     with pytest.raises(EnvError, match="in the `env` agent loop only"):
-        env.reset(seed=0)
+        env.step(_say("[4]"))
+    with pytest.raises(EnvError, match="policy for seat 0"):
+        env_factory("textarena:TicTacToe-v0")(opponent="self", player_id=1).reset(seed=0)
