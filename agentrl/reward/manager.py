@@ -12,6 +12,14 @@ count these as ``reward/errors`` and ``reward/timeouts``.
 
 Metrics: ``reward/score/mean|min|max``, ``reward/errors``, ``reward/timeouts``, and
 ``reward/<key>/mean`` for every numeric entry of dict results (``reward/acc/mean``).
+
+With ``reward.judge.enabled`` an LLM judge scores each response (``agentrl.reward.judge``):
+the reward is ``judge.weight x judge score + judge.fn_weight x function score`` (the
+function is not called when ``fn_weight`` is 0). A judge verdict that cannot be read or
+that times out is a failed reward like a failing function: 0.0, with its ``error``
+(``judge: ...``), counted in ``reward/errors`` or ``reward/timeouts``. Successful judged
+results carry ``judge`` (the score in [0, 1]) and ``judge_cached`` in their info, hence the
+metrics ``reward/judge/mean`` and ``reward/judge_cached/mean`` (the cache-hit rate).
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentrl.core.config import ModelConfig
 from agentrl.data.row import DatasetRow
 from agentrl.reward.builtin import ScoreFn, default_compute_score
 from agentrl.reward.config import RewardConfig
+from agentrl.reward.judge import RewardJudge, Verdict
 from agentrl.reward.loader import RewardFnRef, load_reward_fn
 from agentrl.reward.runners import ProcessRunner, run_in_thread
+from agentrl.server.config import ServerConfig
 
 __all__ = ["RewardBatch", "RewardManager", "RewardRequest", "RewardResult", "reward_metrics"]
 
@@ -38,12 +49,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RewardRequest:
-    """The four arguments of one reward call."""
+    """The four arguments of one reward call, and the row's prompt (what a judge reads)."""
 
     data_source: str
     solution_str: str
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
+    prompt: Any = field(default=None, compare=False)
+    """The row's ``prompt`` (chat messages or text), which a judge reads; None when not
+    known. Not part of equality: requests are equal when their four arguments are."""
 
     @classmethod
     def from_row(
@@ -63,6 +77,7 @@ class RewardRequest:
             solution_str=solution_str,
             ground_truth=(data.get("reward_model") or {}).get("ground_truth"),
             extra_info={**(data.get("extra_info") or {}), **(episode_info or {})},
+            prompt=data.get("prompt"),
         )
 
 
@@ -132,7 +147,9 @@ class RewardManager:
 
     ``fn`` is a callable, a ``RewardFnRef`` (required for user files in process mode: the
     workers import it themselves) or None for the built-in scorers. At most
-    ``num_workers`` calls run at a time; each has ``timeout_s`` seconds.
+    ``num_workers`` calls run at a time; each has ``timeout_s`` seconds. ``judge``: an
+    LLM judge whose score, times ``judge.config.weight``, is the reward, plus the
+    function's times ``judge.config.fn_weight`` (see the module docstring).
     """
 
     def __init__(
@@ -142,6 +159,7 @@ class RewardManager:
         executor: Literal["thread", "process"] = "thread",
         num_workers: int = 4,
         timeout_s: float = 30.0,
+        judge: RewardJudge | None = None,
     ) -> None:
         if num_workers < 1 or timeout_s <= 0:
             raise ValueError(
@@ -155,10 +173,24 @@ class RewardManager:
         self.timeout_s = timeout_s
         self._processes = ProcessRunner(num_workers) if executor == "process" else None
         self._slots: asyncio.Semaphore | None = None
+        self.judge = judge
 
     @classmethod
-    def from_config(cls, config: RewardConfig) -> RewardManager:
-        """Build from the ``reward`` config section (loading the user function, if any)."""
+    def from_config(
+        cls,
+        config: RewardConfig,
+        model: ModelConfig | None = None,
+        server: ServerConfig | None = None,
+    ) -> RewardManager:
+        """Build from the ``reward`` config section (loading the user function, if any).
+
+        ``model`` and ``server``: the policy's sections, which the judge
+        (``reward.judge.enabled``) starts from; its servers start at the first score."""
+        judge = None
+        if config.judge.enabled:
+            judge = RewardJudge.from_config(
+                config.judge, model or ModelConfig(), server or ServerConfig()
+            )
         fn: RewardFnRef | None = None
         if config.reward_fn_path is not None:
             load_reward_fn(config.reward_fn_path, config.reward_fn_name)  # fail fast here
@@ -168,6 +200,7 @@ class RewardManager:
             executor=config.executor,
             num_workers=config.num_workers,
             timeout_s=config.timeout_s,
+            judge=judge,
         )
 
     async def _call(self, request: RewardRequest) -> Any:
@@ -182,7 +215,15 @@ class RewardManager:
         return await run_in_thread(self._target, kwargs, self.timeout_s)
 
     async def score(self, request: RewardRequest) -> RewardResult:
-        """Score one response; errors and timeouts give 0.0 and are recorded, not raised."""
+        """Score one response; errors and timeouts give 0.0 and are recorded, not raised.
+
+        A group judge judges it as a group of one."""
+        if self.judge is not None:
+            return (await self._judged([request]))[0]
+        return await self._score_fn(request)
+
+    async def _score_fn(self, request: RewardRequest) -> RewardResult:
+        """The reward function's result for one request."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.num_workers)
         async with self._slots:
@@ -203,11 +244,57 @@ class RewardManager:
         return result
 
     async def score_batch(self, requests: Sequence[RewardRequest]) -> RewardBatch:
-        """Score all ``requests`` concurrently; results keep the request order."""
-        results = await asyncio.gather(*(self.score(r) for r in requests))
-        return RewardBatch(results=list(results), metrics=reward_metrics(results))
+        """Score all ``requests`` concurrently; results keep the request order. A group
+        judge judges together the requests that share their prompt and ground truth."""
+        if self.judge is not None:
+            results = await self._judged(requests)
+        else:
+            results = list(await asyncio.gather(*(self._score_fn(r) for r in requests)))
+        return RewardBatch(results=results, metrics=reward_metrics(results))
+
+    async def _judged(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
+        """The judge's verdicts (and the function's results, when weighted in) combined."""
+        assert self.judge is not None
+        config = self.judge.config
+        calls = [self.judge.judge(requests)]
+        if config.fn_weight:
+            calls.append(asyncio.gather(*(self._score_fn(r) for r in requests)))
+        verdicts, *fn_results = await asyncio.gather(*calls)
+        if not fn_results:
+            return [_judge_result(v, config.weight, None, 0.0) for v in verdicts]
+        return [
+            _judge_result(v, config.weight, fn, config.fn_weight)
+            for v, fn in zip(verdicts, fn_results[0], strict=True)
+        ]
 
     def close(self) -> None:
-        """Stop the worker processes (process mode); the manager can still be used after."""
+        """Stop the worker processes (process mode) and the judge's servers; the manager
+        can still be used after (the judge's servers start again at the next score)."""
         if self._processes is not None:
             self._processes.close()
+        if self.judge is not None:
+            self.judge.close()
+
+
+def _judge_result(
+    verdict: Verdict, weight: float, fn: RewardResult | None, fn_weight: float
+) -> RewardResult:
+    """One reward from a judge verdict and, when weighted in, the function's result: a
+    failure of either is the reward's failure."""
+    if verdict.score is None:
+        logger.warning("judge: %s", verdict.error)
+        return RewardResult(
+            0.0,
+            info={"judge_output": verdict.output},
+            error=f"judge: {verdict.error}",
+            timed_out=verdict.timed_out,
+        )
+    info: dict[str, Any] = {"judge": verdict.score, "judge_cached": float(verdict.cached)}
+    if fn is None:
+        return RewardResult(weight * verdict.score, info=info)
+    if fn.error is not None:
+        return fn
+    return RewardResult(
+        weight * verdict.score + fn_weight * fn.score,
+        info={**fn.info, "fn_score": fn.score, **info},
+    )

@@ -327,7 +327,7 @@ async def arollout(
         "rolling out %d row(s) x %d sample(s) with %s", len(dataset), cfg.rollout.n, cfg.model.path
     )
     start = time.perf_counter()
-    rewards = RewardManager.from_config(cfg.reward)
+    rewards = RewardManager.from_config(cfg.reward, cfg.model, cfg.server)
     writer = _Writer(out_path)
     bar, on_episode = _progress(total, progress)
     generation = _Generation(cfg)

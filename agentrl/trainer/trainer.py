@@ -150,7 +150,7 @@ class Trainer:
         self.manager = AgentLoopManager(cfg)
         kl = cfg.algorithm.kl
         self.kl_controller = kl.make_controller() if kl.use_kl_in_reward else None
-        self.rewards = RewardManager.from_config(cfg.reward)
+        self.rewards = RewardManager.from_config(cfg.reward, cfg.model, cfg.server)
         self.loss_fn = make_actor_loss(cfg.algorithm)
         self.critic_loss_fn = make_critic_loss(cfg.algorithm)
         self.sync = make_weight_sync(cfg.weight_sync, self.client.control)
