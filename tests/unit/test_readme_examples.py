@@ -8,7 +8,9 @@ The "From Python" example starts Ray and a server, so it runs in
 from __future__ import annotations
 
 import ast
+import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -81,6 +83,30 @@ def test_the_external_agent_keys_validate(tmp_path, monkeypatch):
     cfg = agentrl.load_config(overrides=overrides)
     assert cfg.gateway.enabled and cfg.rollout.agent_name == "external"
     assert yaml.safe_load(keys["plugins"]) == cfg.plugins == ["my_agent.py"]
+
+
+def test_the_environment_rows_command_and_config_validate(tmp_path):
+    section = _section("## Train on an environment you already have")
+    command = _blocks("bash", section)[0].strip()
+    python, args = command.split(" -m ", 1)
+    assert python == ".venv/bin/python"
+    run = subprocess.run(
+        [str(ROOT / python), "-m", *shlex.split(args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in (tmp_path / "ttt.jsonl").read_text().splitlines()]
+    assert len(rows) == 256 and rows[0]["agent_name"] == "env"
+    assert rows[0]["extra_info"]["env_kwargs"] == {"opponent": "self"}
+    config = _blocks("yaml", section)[0]
+    assert config.startswith("# file: ttt.yaml\n")
+    (tmp_path / "ttt.yaml").write_text(config)
+    cfg = agentrl.load_config(tmp_path / "ttt.yaml")
+    assert cfg.rollout.agent_name == "env" and cfg.rollout.env.self_play_trained == "both"
+    assert cfg.reward.reward_fn_path == "agentrl.envs.reward"
 
 
 def test_examples_import_only_the_public_namespace():
