@@ -56,6 +56,7 @@ GUIDES = (
     "guides/gpu-cluster.md",
     "guides/deploy.md",
     "guides/models.md",
+    "getting-started/quickstart.md",
     "benchmarks.md",
 )
 FILE_MARKER = re.compile(r"^#\s*file:\s*(\S+)\s*$")
