@@ -139,10 +139,15 @@ class JudgeConfig(Section):
     tag: str = Field(
         "score",
         pattern=r"^[A-Za-z][\w-]*$",
-        description="The tag the verdict is read from: the last <score>...</score> of "
-        "the judge's answer.",
+        description="The tag the verdict is read from: what follows the judge's last "
+        "<score>, up to the next `<` (its closing tag) or the end of the line.",
     )
     max_score: float = Field(10.0, gt=0, description="The top of the judge's number scale.")
+    prefill: str = Field(
+        "",
+        description="Text the judge's answer starts with, appended after its prompt and "
+        "read as part of the answer; `<score>` makes a small judge write its verdict first.",
+    )
     weight: float = Field(1.0, description="Weight of the judge's score in the reward.")
     fn_weight: float = Field(
         0.0,

@@ -5,9 +5,10 @@
     verdicts[0].score, verdicts[0].error, verdicts[0].cached
 
 ``pointwise`` fills the rubric with one request's ``{prompt}``, ``{response}`` and
-``{ground_truth}`` and reads the judge's last ``<score>...</score>``: a number from 0 to
-``max_score`` (divided by it) or yes/no (1/0). ``group`` (RULER-style) puts the distinct
-responses of one prompt in one rubric as ``{responses}`` (numbered from 1) and reads
+``{ground_truth}`` and reads what follows the judge's last ``<score>``: a number from 0
+to ``max_score`` (divided by it) or yes/no (1/0). The answer may start with ``prefill``
+(``<score>``: a small judge then writes its verdict first). ``group`` (RULER-style) puts
+the distinct responses of one prompt in one rubric as ``{responses}`` (numbered from 1) and reads
 ``<score_1>``, ``<score_2>``, ... in the same answer, one per response; the requests of a
 batch that share their prompt and ground truth form a group.
 
@@ -163,8 +164,13 @@ def _value(
 
 
 def _last_tag(text: str, tag: str) -> str | None:
-    found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL | re.I)
-    return found[-1] if found else None
+    """The first line of what follows the last ``<tag>`` up to the next ``<`` (its closing
+    tag, or none: a verdict holds no ``<``); None without a ``<tag>``."""
+    opened = [m.end() for m in re.finditer(f"<{re.escape(tag)}>", text, re.I)]
+    if not opened:
+        return None
+    content = text[opened[-1] :].split("<", 1)[0].strip()
+    return content.splitlines()[0] if content else ""
 
 
 def parse_verdict(
@@ -175,7 +181,7 @@ def parse_verdict(
     Raises ``ValueError`` naming what is missing or wrong."""
     content = _last_tag(text, tag)
     if content is None:
-        raise ValueError(f"no <{tag}>...</{tag}> in the judge's answer")
+        raise ValueError(f"no <{tag}> in the judge's answer")
     return _value(content, f"<{tag}>", verdict, max_score)
 
 
@@ -188,7 +194,7 @@ def parse_group_verdict(
     for k in range(1, count + 1):
         content = _last_tag(text, f"{tag}_{k}")
         if content is None:
-            scores.append(f"no <{tag}_{k}>...</{tag}_{k}> in the judge's answer")
+            scores.append(f"no <{tag}_{k}> in the judge's answer")
             continue
         try:
             scores.append(_value(content, f"<{tag}_{k}>", verdict, max_score))
@@ -259,6 +265,9 @@ class RewardJudge:
             max_tokens=config.max_tokens,
             temperature=config.temperature,
             stop_token_ids=[eos] if isinstance(eos, int) else [],
+        )
+        self._prefill_ids: list[int] = (
+            tokenizer.encode(config.prefill, add_special_tokens=False) if config.prefill else []
         )
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._pending: dict[str, asyncio.Task[_Answer]] = {}
@@ -381,15 +390,18 @@ class RewardJudge:
                     tokenize=True,
                     return_dict=False,
                 )
+                prompt_ids = [*prompt_ids, *self._prefill_ids]
                 async with asyncio.timeout(timeout_s):
-                    out = await self._client.generate(None, list(prompt_ids), self._sampling)
+                    out = await self._client.generate(None, prompt_ids, self._sampling)
             except TimeoutError:
                 logger.warning("judge call timed out after %.1fs", timeout_s)
                 return _Answer([f"judge timed out after {timeout_s:g}s"] * count, timed_out=True)
             except Exception as exc:
                 logger.warning("judge call failed: %s: %s", type(exc).__name__, exc)
                 return _Answer([f"judge call failed: {type(exc).__name__}: {exc}"] * count)
-        output = self._tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        output = self.config.prefill + self._tokenizer.decode(
+            out.token_ids, skip_special_tokens=True
+        )
         answer = _Answer(parse(output), output)
         if not answer.complete:
             logger.warning("judge answer not understood: %s", output[:200])

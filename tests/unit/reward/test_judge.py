@@ -92,8 +92,18 @@ async def test_yes_no_verdicts_and_a_custom_rubric_and_tag(tokenizer):
         tokenizer, judge_model(tokenizer, answer), rubric=rubric, verdict="yes_no", tag="verdict"
     ).score_batch(requests(ROW, "Paris", "Rome"))
     assert batch.scores == [1.0, 0.0]
-    assert batch.results[0].error is None
-    assert batch.results[1].error == "judge: no <verdict>...</verdict> in the judge's answer"
+    assert [r.error for r in batch.results] == [None, None]  # an unclosed last tag reads too
+
+
+async def test_prefill_starts_the_judges_answer(tokenizer):
+    def answer(text):
+        assert text.endswith("<|im_start|>assistant\n<score>")  # the prompt ends with it
+        return "7</score> because it is right"
+
+    batch = await manager(tokenizer, judge_model(tokenizer, answer), prefill="<score>").score_batch(
+        requests(ROW, "Paris")
+    )
+    assert batch.scores == [0.7]
 
 
 async def test_group_mode_judges_the_responses_of_a_prompt_together(tokenizer):
@@ -129,7 +139,7 @@ async def test_group_member_without_a_verdict_fails_alone(tokenizer):
     batch = await manager(tokenizer, client, mode="group").score_batch(requests(ROW, "a", "b", "c"))
     assert batch.results[0].score == 0.8 and batch.results[0].error is None
     assert batch.results[1].error == "judge: <score_2> holds 'maybe', not a number"
-    assert batch.results[2].error == "judge: no <score_3>...</score_3> in the judge's answer"
+    assert batch.results[2].error == "judge: no <score_3> in the judge's answer"
     assert batch.scores[1:] == [0.0, 0.0]
     assert batch.metrics["reward/errors"] == 2
 
@@ -176,7 +186,7 @@ async def test_garbage_answers_are_failed_rewards_and_not_cached(tokenizer):
     batch = await rewards.score_batch(requests(ROW, "garbage", "too high", "Paris"))
     garbage, too_high, ok = batch.results
     assert garbage.score == 0.0 and not garbage.timed_out
-    assert garbage.error == "judge: no <score>...</score> in the judge's answer"
+    assert garbage.error == "judge: no <score> in the judge's answer"
     assert garbage.info == {"judge_output": "I cannot decide."}
     assert too_high.error == "judge: <score> holds 12, outside 0..10"
     assert ok.error is None and ok.score == 1.0
@@ -261,6 +271,9 @@ def test_verdict_parsing():
     assert parse_verdict("<score>8/10</score>", "score", "number", 10) == 0.8
     assert parse_verdict("<SCORE>**7.5**</SCORE>", "score", "number", 10) == 0.75
     assert parse_verdict("<ok>True.</ok>", "ok", "yes_no", 1) == 1.0
+    assert parse_verdict("<score>\n 4 \n</score>", "score", "number", 10) == 0.4
+    assert parse_verdict("<score>yes</score</score>", "score", "yes_no", 10) == 1.0
+    assert parse_verdict("<score>3\n\nbecause...", "score", "number", 10) == 0.3
     with pytest.raises(ValueError, match="not a number"):
         parse_verdict("<score>seven</score>", "score", "number", 10)
     with pytest.raises(ValueError, match=r"holds -1, outside 0\.\.5"):
