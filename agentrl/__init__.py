@@ -62,6 +62,8 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "load_reward_fn": "agentrl.reward.loader",
     "RewardManager": "agentrl.reward.manager",
     "RewardRequest": "agentrl.reward.manager",
+    "RewardJudge": "agentrl.reward.judge",
+    "JudgeConfig": "agentrl.reward.config",
     "episode_info": "agentrl.rollout.metrics",
     "MetricsLogger": "agentrl.tracking",
     "plot_run": "agentrl.plot",
@@ -100,11 +102,13 @@ __all__ = [
     "GatewayConfig",
     "GatewayService",
     "InMemorySink",
+    "JudgeConfig",
     "MetricsLogger",
     "ObjectStoreSync",
     "OpenAIFunctionToolSchema",
     "QueueSink",
     "RewardFunction",
+    "RewardJudge",
     "RewardManager",
     "RewardRequest",
     "RolloutConfig",
@@ -168,7 +172,9 @@ if TYPE_CHECKING:
     from agentrl.envs.registry import env_factory, register_env
     from agentrl.models import resolve_model_config
     from agentrl.plot import plot_run
+    from agentrl.reward.config import JudgeConfig
     from agentrl.reward.function import RewardFunction
+    from agentrl.reward.judge import RewardJudge
     from agentrl.reward.loader import load_reward_fn
     from agentrl.reward.manager import RewardManager, RewardRequest
     from agentrl.rollout.episode import make_requests

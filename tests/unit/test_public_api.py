@@ -57,6 +57,8 @@ OLD_PATHS = {
     "load_reward_fn": "agentrl.reward",
     "RewardManager": "agentrl.reward",
     "RewardRequest": "agentrl.reward",
+    "RewardJudge": "agentrl.reward.judge",
+    "JudgeConfig": "agentrl.reward.config",
     "episode_info": "agentrl.rollout.metrics",
     "MetricsLogger": "agentrl.tracking",
     "plot_run": "agentrl.plot",
