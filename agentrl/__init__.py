@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str | tuple[str, str]] = {
     "StepResult": "agentrl.envs.base",
     "EnvAgentLoop": "agentrl.envs.loop",
     "reasoning_gym_rows": "agentrl.envs.reasoning_gym",
+    "verifiers_tools": "agentrl.envs.verifiers",
     # Rewards, metrics and plots.
     "load_reward_fn": "agentrl.reward.loader",
     "RewardManager": "agentrl.reward.manager",
@@ -144,6 +145,7 @@ __all__ = [
     "start_rollout_servers",
     "stop_rollout_servers",
     "tool",
+    "verifiers_tools",
 ]
 
 if TYPE_CHECKING:
@@ -170,6 +172,7 @@ if TYPE_CHECKING:
     from agentrl.envs.loop import EnvAgentLoop
     from agentrl.envs.reasoning_gym import reasoning_gym_rows
     from agentrl.envs.registry import env_factory, register_env
+    from agentrl.envs.verifiers import verifiers_tools
     from agentrl.models import resolve_model_config
     from agentrl.plot import plot_run
     from agentrl.reward.config import JudgeConfig

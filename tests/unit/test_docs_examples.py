@@ -51,6 +51,7 @@ GUIDES = (
     "guides/tools.md",
     "guides/external-agents.md",
     "guides/rewards.md",
+    "guides/environments.md",
     "guides/algorithms.md",
     "guides/training-runs.md",
     "guides/gpu-cluster.md",

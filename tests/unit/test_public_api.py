@@ -54,6 +54,7 @@ OLD_PATHS = {
     "StepResult": "agentrl.envs",
     "EnvAgentLoop": "agentrl.envs",
     "reasoning_gym_rows": "agentrl.envs.reasoning_gym",
+    "verifiers_tools": "agentrl.envs.verifiers",
     "load_reward_fn": "agentrl.reward",
     "RewardManager": "agentrl.reward",
     "RewardRequest": "agentrl.reward",
