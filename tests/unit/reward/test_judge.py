@@ -367,3 +367,37 @@ def test_judge_needs_a_model():
 def test_request_from_a_row_carries_its_prompt():
     request = RewardRequest.from_row(ROW, "Paris")
     assert request.prompt == ROW["prompt"]
+
+
+async def test_a_training_step_judges_each_rows_episodes_as_a_group(tokenizer):
+    """The trainer's scoring (score_episodes) hands the judge each row's prompt: the
+    episodes of one row are one group, failed episodes are not judged."""
+    from agentrl.core.trajectory import AgentLoopOutput
+    from agentrl.rollout.episode import EpisodeResult
+    from agentrl.trainer.steps import score_episodes
+
+    def episode(name, group, text):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        output = AgentLoopOutput([1], ids, [1] * len(ids), [0.0] * len(ids), [0] * len(ids))
+        return EpisodeResult(name, group, 0, 0, "single_turn", outputs=[output])
+
+    client = judge_model(tokenizer, lambda text: "<score_1>10</score_1><score_2>0</score_2>")
+    episodes = [
+        episode("a", "france", "Paris"),
+        episode("b", "sum", "4"),
+        episode("c", "france", "Lyon"),
+        episode("d", "sum", "5"),
+        EpisodeResult("e", "sum", 0, 1, "single_turn", error="worker died"),
+    ]
+    samples, metrics = await score_episodes(
+        episodes,
+        {"france": ROW, "sum": OTHER_ROW},
+        manager(tokenizer, client, mode="group"),
+        tokenizer,
+    )
+    assert {s.episode_id: s.score for s in samples} == {"a": 1.0, "b": 1.0, "c": 0.0, "d": 0.0}
+    prompts = sorted(tokenizer.decode(c.prompt_ids) for c in client.calls)
+    assert len(prompts) == 2
+    assert "What is 2 + 2?" in prompts[0] and "Response 1:\n4\n\nResponse 2:\n5" in prompts[0]
+    assert "France" in prompts[1] and "Response 1:\nParis\n\nResponse 2:\nLyon" in prompts[1]
+    assert metrics["reward/judge/mean"] == 0.5 and metrics["rollout/failed_episodes"] == 1
