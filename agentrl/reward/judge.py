@@ -427,8 +427,8 @@ def _verdict(answer: _Answer, index: int, cached: bool) -> Verdict:
 
 
 class ServedJudge:
-    """The judge model on rollout replicas of its own: a Serve application started at the
-    first ``start`` (in a worker thread) and deleted by ``close``. It is never handed to a
+    """The judge model on rollout replicas of its own: a Serve application deployed by
+    ``start`` (in a worker thread) and deleted by ``close``. It is never handed to a
     weight sync, so it keeps the weights it started with."""
 
     def __init__(self, model: ModelConfig, server: ServerConfig) -> None:
@@ -437,28 +437,31 @@ class ServedJudge:
         # to be closed on the loop the rewards ran on.
         self.server = server.model_copy(update={"serve_public_path": True})
         self._client: Any = None
+        self._deployed = False  # also when the deployment failed half-way: close deletes it
         self._starting: asyncio.Lock | None = None
 
     async def start(self) -> None:
-        """Deploy the judge's replicas unless they run; a failure to start is raised."""
+        """Deploy the judge's replicas unless they run, in a worker thread (the event loop
+        goes on meanwhile); a failure to start is raised."""
         if self._client is not None:
             return
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
             if self._client is None:
-                self._client = await asyncio.to_thread(self._deploy)
+                await asyncio.to_thread(self._deploy)
 
-    def _deploy(self) -> Any:
+    def _deploy(self) -> None:
         from agentrl.server.launch import start_rollout_servers
 
+        self._deployed = True
         logger.info(
             "starting the judge: %d replica(s) of %s as Serve application %r",
             self.server.num_replicas,
             self.model.path,
             self.server.name,
         )
-        return start_rollout_servers(self.model, self.server).data
+        self._client = start_rollout_servers(self.model, self.server).data
 
     async def generate(
         self, session_id: str | None, prompt_ids: list[int], sampling: SamplingParams | None
@@ -471,9 +474,9 @@ class ServedJudge:
     def close(self) -> None:
         """Delete the judge's Serve application (nothing to do if it never started or
         Ray is down already)."""
-        if self._client is None:
+        if not self._deployed:
             return
-        self._client = None
+        self._client, self._deployed = None, False
         import ray
 
         if not ray.is_initialized():
