@@ -87,19 +87,18 @@ def _config_key(config: dict[str, Any] | None) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _loaded(env_id: str, env_json: str, num_tasks: int | None) -> tuple[Any, list[Any]]:
-    """(the env config, the tasks) of a taskset, loaded once per process and config."""
-    env = json.loads(env_json)
+    """(the verifiers ``Env``, its taskset's tasks), made once per process and config."""
+    fields = json.loads(env_json)
     config = loaders.resolve_env_config(
-        {**env, "taskset": {**env.get("taskset", {}), "id": env_id}}
+        {**fields, "taskset": {**fields.get("taskset", {}), "id": env_id}}
     )
-    taskset = loaders.load_taskset(config.taskset)
-    if not taskset.bounded and num_tasks is None:
-        raise EnvError(
-            f"verifiers:{env_id} is an infinite taskset: set rollout.env.kwargs.num_tasks"
-        )
-    view = taskset if num_tasks is None else taskset.take(num_tasks)
     try:
-        tasks = list(view)
+        env = loaders.load_environment(config)
+        if not env.taskset.bounded and num_tasks is None:
+            raise EnvError(
+                f"verifiers:{env_id} is an infinite taskset: set rollout.env.kwargs.num_tasks"
+            )
+        tasks = list(env.taskset if num_tasks is None else env.taskset.take(num_tasks))
     except NETWORK_ERRORS as exc:
         raise EnvError(
             f"verifiers:{env_id} needs the network: loading its tasks failed with "
@@ -108,7 +107,7 @@ def _loaded(env_id: str, env_json: str, num_tasks: int | None) -> tuple[Any, lis
         ) from exc
     if not tasks:
         raise EnvError(f"verifiers:{env_id} loaded no tasks")
-    return config, tasks
+    return env, tasks
 
 
 def _toolsets(taskset_cls: type, config: Any, task: Any | None) -> list[Any]:
@@ -142,8 +141,8 @@ def verifiers_tools(env_id: str, env: dict[str, Any] | None = None) -> dict[str,
     """The ``@vf.tool`` methods of taskset ``env_id``'s toolsets (and its task class's) as
     agentrl tools by name, for the chat template of the loop that runs it."""
     check_id(env_id)
-    config, _ = _loaded(env_id, _config_key(env), None)
-    return dict(_function_tools(_toolsets(loaders.taskset_class(env_id), config, None)))
+    vf_env, _ = _loaded(env_id, _config_key(env), None)
+    return dict(_function_tools(_toolsets(type(vf_env.taskset), vf_env.config, None)))
 
 
 class VerifiersEnv:
@@ -165,14 +164,13 @@ class VerifiersEnv:
     ) -> None:
         self.env_id = env_id
         self.name = f"verifiers:{env_id}"
-        self.config, self.tasks = _loaded(env_id, _config_key(env), num_tasks)
-        env_cls = loaders.environment_class(self.config.taskset.id, self.config.id)
-        self.env_cls = env_cls
+        self.vf_env, self.tasks = _loaded(env_id, _config_key(env), num_tasks)
+        self.config = self.vf_env.config
         seats = list(agent_config_fields(self.config))
         if seat is None and len(seats) > 1:
             raise EnvError(
-                f"{self.name}: {env_cls.__name__} has seats {seats}; say which one the model "
-                "plays (rollout.env.kwargs.seat)"
+                f"{self.name}: {type(self.vf_env).__name__} has seats {seats}; say which one "
+                "the model plays (rollout.env.kwargs.seat)"
             )
         self.seat = seat or seats[0]
         if self.seat not in seats:
@@ -202,8 +200,7 @@ class VerifiersEnv:
                 f"{self.name} needs the network: its judges {names} call a model through "
                 "verifiers' client; score with agentrl's reward.judge instead"
             )
-        taskset_cls = loaders.taskset_class(self.config.taskset.id)
-        toolsets = _toolsets(taskset_cls, self.config, task)
+        toolsets = _toolsets(type(self.vf_env.taskset), self.config, task)
         for toolset in toolsets:
             await toolset.setup()
             await toolset.setup_task(task)
@@ -216,12 +213,8 @@ class VerifiersEnv:
 
     async def _play(self, task: Any) -> None:
         agents = vf.Agents(self.config, make=self._agent)
-        if self.env_cls is vf.SingleAgentEnv:
-            await agents.agent.run(task)
-            return
-        env = loaders.load_environment(self.config)
-        await env.setup(agents)
-        await env.run(task, agents)
+        await self.vf_env.setup(agents)
+        await self.vf_env.run(task, agents)
 
     def _agent(self, name: str, config: Any) -> Seat:
         return Seat(self, name, config, played=name == self.seat)

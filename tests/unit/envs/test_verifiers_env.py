@@ -201,3 +201,13 @@ def test_a_taskset_that_needs_the_network_names_it():
 def test_a_seat_the_model_does_not_play_is_a_clear_error():
     with pytest.raises(EnvError, match=r"no seat 'user'; seats: \['player'\]"):
         env_factory("verifiers:vf_guess")(seat="user")
+
+
+async def test_a_task_with_judges_says_they_need_the_network():
+    env = env_factory("verifiers:vf_arith")(
+        env={"taskset": {"task": {"judges": [{"id": "reference"}]}}}
+    )
+    with pytest.raises(
+        EnvError, match=r"needs the network: its judges \['reference'\] call a model"
+    ):
+        await env.reset(None, 0)
