@@ -45,9 +45,11 @@ from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 from verifiers.v1.utils import loaders
 from verifiers.v1.utils.decorators import discover_decorated
 
+from agentrl.agent_loops.tool_calls import ToolCallExecutor
 from agentrl.envs.base import EnvError, Message, StepResult
 from agentrl.envs.registry import UnknownEnvError
-from agentrl.tools import BaseTool, FunctionTool, function_schema
+from agentrl.tools import BaseTool, FunctionCall, FunctionTool, function_schema
+from agentrl.tools.parsers import ParsedTurn
 
 NETWORK_ERRORS = (OSError, httpx.TransportError)
 """Failures of a taskset that reaches for the network (sockets, DNS, HTTP clients)."""
@@ -151,7 +153,8 @@ class VerifiersEnv:
     ``env``: fields of the verifiers env config (``{"taskset": {...}}`` for the taskset's
     own config, the seats' agent configs, the env's knobs). ``seat``: the agent the model
     plays in a multi-agent ``Env`` (default: the only one). ``num_tasks``: how many tasks
-    of an infinite taskset to load.
+    of an infinite taskset to load. ``max_parallel_calls`` and ``tool_timeout_s``: how
+    many of a turn's tool calls run at once, and the time limit of one.
     """
 
     def __init__(
@@ -161,6 +164,8 @@ class VerifiersEnv:
         env: dict[str, Any] | None = None,
         seat: str | None = None,
         num_tasks: int | None = None,
+        max_parallel_calls: int = 4,
+        tool_timeout_s: float = 30.0,
     ) -> None:
         self.env_id = env_id
         self.name = f"verifiers:{env_id}"
@@ -177,6 +182,9 @@ class VerifiersEnv:
             raise EnvError(f"{self.name}: no seat {self.seat!r}; seats: {seats}")
         self.task: Any = None
         self.tools: dict[str, FunctionTool] = {}
+        self.max_parallel_calls = max_parallel_calls
+        self.tool_timeout_s = tool_timeout_s
+        self.executor = ToolCallExecutor({}, max_parallel_calls, tool_timeout_s)
         self.exchange: Exchange | None = None
         self._asks: asyncio.Queue[list[Message]] = asyncio.Queue()
         self._answer: asyncio.Future[Segment] | None = None
@@ -205,6 +213,7 @@ class VerifiersEnv:
             await toolset.setup()
             await toolset.setup_task(task)
         self.tools = _function_tools(toolsets)
+        self.executor = ToolCallExecutor(self.tools, self.max_parallel_calls, self.tool_timeout_s)
         self._run = asyncio.create_task(self._play(task))
         messages = await self._next()
         if messages is None:
@@ -247,18 +256,10 @@ class VerifiersEnv:
         if exchange is None or self._answer is None:
             raise EnvError(f"{self.name}: step before reset")
         calls = message.get("tool_calls") or []
+        errors = message.get("tool_call_errors") or []
         exchange.add(_assistant_message(message), sampled=True)
-        if calls:
-            results = [await self._call(call) for call in calls]
-            for result in results:
-                exchange.add(
-                    vf.ToolMessage(
-                        tool_call_id=result["tool_call_id"],
-                        name=result["name"],
-                        content=result["content"],
-                    )
-                )
-            return StepResult(results, 0.0)
+        if calls or errors:
+            return StepResult(await self._run_calls(exchange, calls, errors), 0.0)
         exchange.end_segment()
         messages = await self._next()
         if messages is not None:
@@ -271,27 +272,46 @@ class VerifiersEnv:
         }
         return StepResult([], trace.reward, terminated=True, info=info)
 
-    async def _call(self, call: dict[str, Any]) -> Message:
-        function = call["function"]
-        name = function["name"]
-        tool = self.tools.get(name)
-        if tool is None:
-            text = f"error: no tool {name!r}; tools: {sorted(self.tools)}"
-        else:
-            try:
-                tool.validate_arguments(function["arguments"])
-                response, _, _ = await tool.execute(call["id"], function["arguments"])
-                text = response.text or ""
-            except Exception as exc:  # the model sees the failure, as verifiers' MCP does
-                text = f"error: {type(exc).__name__}: {exc}"
-        return {"role": "tool", "tool_call_id": call["id"], "name": name, "content": text}
+    async def _run_calls(
+        self, exchange: Exchange, calls: list[dict[str, Any]], errors: list[str]
+    ) -> list[Message]:
+        """The tool messages answering a turn's calls: each valid call's result (or its
+        error), then an error for each malformed one, as the ``tool_agent`` loop answers."""
+        parsed = ParsedTurn(
+            "",
+            [
+                FunctionCall(
+                    name=call["function"]["name"],
+                    arguments=call["function"]["arguments"],
+                    id=call["id"],
+                )
+                for call in calls
+            ],
+            list(errors),
+        )
+        messages = []
+        for i, result in enumerate(await self.executor.run_turn(parsed)):
+            call_id = result.call_id or f"malformed_{i}"
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "name": result.tool,
+                    "content": result.text,
+                }
+            )
+            exchange.add(
+                vf.ToolMessage(tool_call_id=call_id, name=result.tool, content=result.text)
+            )
+        return messages
 
     async def close(self) -> None:
-        """Stop the env's run if the episode ended before it did."""
+        """Stop the env's run if the episode ended before it did; release the tools."""
         if self._run is not None and not self._run.done():
             self._run.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._run
+        await self.executor.release()
 
 
 class Seat:
