@@ -180,7 +180,6 @@ class VerifiersEnv:
         self.seat = seat or seats[0]
         if self.seat not in seats:
             raise EnvError(f"{self.name}: no seat {self.seat!r}; seats: {seats}")
-        self.task: Any = None
         self.tools: dict[str, FunctionTool] = {}
         self.max_parallel_calls = max_parallel_calls
         self.tool_timeout_s = tool_timeout_s
@@ -196,7 +195,7 @@ class VerifiersEnv:
         """Task ``seed % len(tasks)`` (seed None: the first), run by the env until it
         asks the model for its first turn."""
         index = (seed or 0) % len(self.tasks)
-        self.task = task = self.tasks[index]
+        task = self.tasks[index]
         if task.NEEDS_CONTAINER:
             raise EnvError(
                 f"{self.name}: task {type(task).__name__} needs a container runtime, which "
