@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl import __version__
 from agentrl.config_help import ConfigHelpAction, did_you_mean
+from agentrl.core.console import quiet_serve_logs
 
 if TYPE_CHECKING:
     from agentrl.config import AgentRLConfig
@@ -396,11 +397,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _serve_warnings_only(record: logging.LogRecord) -> bool:
-    """A filter of the ``ray.serve`` logger: its warnings and errors only."""
-    return record.levelno >= logging.WARNING
-
-
 def _bad_input(message: str) -> int:
     """Report an error in what the user gave (printed as it is, see ``main``); exit 2."""
     logger.error("%s", message, extra={_BAD_INPUT: True})
@@ -427,17 +423,9 @@ def _configure_logging(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _configure_logging(args.verbose)
-    serve_logger = logging.getLogger("ray.serve")
-    if args.verbose:
-        serve_logger.removeFilter(_serve_warnings_only)
-        if hasattr(args, "overrides"):  # first: an explicit ray.log_to_driver still wins
-            args.overrides.insert(0, "ray.log_to_driver=true")
-    else:
-        # Serve logs each application start, handle connection and router start-up in
-        # the driver at INFO: bookkeeping of its own, none of it the user's to act on.
-        # A filter, not a level: importing ray.serve (later, in the command) sets that
-        # logger's level to INFO again.
-        serve_logger.addFilter(_serve_warnings_only)
+    quiet_serve_logs(not args.verbose)
+    if args.verbose and hasattr(args, "overrides"):
+        args.overrides.insert(0, "ray.log_to_driver=true")  # first: an explicit one still wins
     try:
         return args.run(args)
     except (ValueError, ImportError) as exc:

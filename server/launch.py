@@ -13,6 +13,7 @@ from ray import serve
 from ray.serve import Application
 
 from agentrl.core.config import ModelConfig, RayConfig
+from agentrl.core.console import quiet_ray_auth_notice, quiet_serve_logs
 from agentrl.models import resolve_model_config
 from agentrl.server.client import ServerClient
 from agentrl.server.config import ServerConfig
@@ -92,6 +93,9 @@ def init_ray(cfg: RayConfig) -> None:
     """
     if ray.is_initialized():
         return
+    if not cfg.log_to_driver:
+        quiet_serve_logs()  # as the CLI does, for agentrl.rollout and friends too
+    quiet_ray_auth_notice()
     init_kwargs = dict(
         address=cfg.address or "local",
         num_cpus=cfg.num_cpus if cfg.address is None else None,
