@@ -113,6 +113,8 @@ async def test_a_small_model_judges_on_its_own_serve_application():
             f"{pointwise.metrics['reward/errors']:.0f}, group errors "
             f"{group.metrics['reward/errors']:.0f}"
         )
+        for result in [*pointwise.results, *group.results]:
+            print(f"  {result.score:.2f} {result.error or ''} {result.info}")
     finally:
         rewards.close()
         assert "judge" not in serve.status().applications
