@@ -4,7 +4,8 @@
   StepResult`` (``SyncTextEnv``: the same with plain methods);
 - ``EnvAgentLoop`` (``agent_name: env``): runs the environment of ``rollout.env`` with
   the model, token-exact, with per-turn rewards;
-- sources: ``reasoning_gym:NAME``, ``gymnasium:ID``, ``textarena:ID`` (each needs its
+- sources: ``reasoning_gym:NAME``, ``gymnasium:ID``, ``textarena:ID``,
+  ``verifiers:TASKSET``, ``openenv:URL`` / ``openenv:pkg.module:app`` (each needs its
   package: ``pip install 'agentrl[envs]'``), names registered with ``@register_env``, and
   ``pkg.module:factory``.
 

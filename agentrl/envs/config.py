@@ -19,7 +19,8 @@ class EnvConfig(Section):
     source: str | None = Field(
         None,
         description="The environment: `reasoning_gym:NAME`, `gymnasium:ID`, `textarena:ID`, "
-        "a name registered with `@register_env`, or `pkg.module:factory` (a callable "
+        "`verifiers:TASKSET`, `openenv:URL` or `openenv:pkg.module:app`, a name registered "
+        "with `@register_env`, or `pkg.module:factory` (a callable "
         "returning a TextEnv). A row's `extra_info.env_source` overrides it. None: every "
         "row names its own.",
     )
