@@ -42,7 +42,11 @@ def _run(code: str) -> dict:
     return namespace
 
 
-async def test_the_agent_loop_example_runs_token_exact(tiny_checkpoint):
+async def test_the_agent_loop_example_runs_token_exact(tiny_checkpoint, monkeypatch):
+    from agentrl.agent_loops import registry
+
+    # The quickstart's loop has the same name: each page registers it in a registry of its own.
+    monkeypatch.setattr(registry, "_LOOPS", dict(registry._LOOPS))
     namespace = _run(_blocks("python", _section("## Write an agent loop"))[0])
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
     eos = tokenizer.eos_token_id

@@ -207,7 +207,7 @@ def test_max_tokens_that_fits_is_kept_and_no_max_tokens_is_capped_to_the_window(
 
 def _documented_chat_curls() -> list[tuple[dict[str, str], dict]]:
     """(headers, JSON body) of every ``curl .../v1/chat/completions`` in the guide."""
-    text = (ROOT / "docs" / "external-agents.md").read_text()
+    text = (ROOT / "docs" / "guides" / "external-agents.md").read_text()
     calls = []
     for command in re.findall(r"^curl .*?(?<!\\)$", text.replace("\\\n", "\\ "), re.M | re.S):
         words = shlex.split(command.replace("\\ ", " "))
