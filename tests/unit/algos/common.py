@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,22 @@ def randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> Tensor:
 
 def valid_positions(mask_row: list[float]) -> list[int]:
     return [t for t, m in enumerate(mask_row) if m > 0]
+
+
+def groups_of(index: list[str]) -> dict[str, list[int]]:
+    """Row indices by group uid, in first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(index):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def group_baseline(values: list[float]) -> tuple[float, float]:
+    """GRPO's (mean, unbiased std) of a group's values; (0, 1) for a singleton group."""
+    if len(values) == 1:
+        return 0.0, 1.0
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def reference_agg(loss, mask, mode, norm_constant=None):

@@ -19,7 +19,14 @@ from agentrl.algos import (
     scores_to_token_rewards,
 )
 
-from .common import group_uids, ragged_mask, randn, valid_positions
+from .common import (
+    group_baseline,
+    group_uids,
+    groups_of,
+    ragged_mask,
+    randn,
+    valid_positions,
+)
 
 EPS = 1e-6
 
@@ -45,13 +52,6 @@ def seq_scores(inputs):
             inputs.token_level_rewards.tolist(), inputs.response_mask.tolist(), strict=True
         )
     ]
-
-
-def groups_of(index):
-    groups: dict[str, list[int]] = {}
-    for i, key in enumerate(index):
-        groups.setdefault(key, []).append(i)
-    return groups
 
 
 def broadcast(inputs, per_row):
@@ -100,12 +100,7 @@ def ref_grpo(inputs, norm_by_std):
     scores = seq_scores(inputs)
     adv = [0.0] * len(scores)
     for members in groups_of(inputs.index).values():
-        vals = [scores[i] for i in members]
-        if len(vals) == 1:
-            mean, std = 0.0, 1.0
-        else:
-            mean = sum(vals) / len(vals)
-            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        mean, std = group_baseline([scores[i] for i in members])
         for i in members:
             adv[i] = (scores[i] - mean) / (std + EPS) if norm_by_std else scores[i] - mean
     return broadcast(inputs, adv)

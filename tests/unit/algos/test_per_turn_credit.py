@@ -17,7 +17,14 @@ from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.trainer.batch import Sample, build_batch
 from agentrl.trainer.steps import add_advantages
 
-from .common import group_uids, ragged_mask, randn, valid_positions
+from .common import (
+    group_baseline,
+    group_uids,
+    groups_of,
+    ragged_mask,
+    randn,
+    valid_positions,
+)
 
 EPS = 1e-6
 
@@ -68,23 +75,11 @@ def ref_turn_returns(inputs, gamma):
     return per_token, first
 
 
-def groups_of(index):
-    groups: dict[str, list[int]] = {}
-    for i, key in enumerate(index):
-        groups.setdefault(key, []).append(i)
-    return groups
-
-
 def ref_grpo(credited, scores, mask, index, norm_by_std):
     """(credited - mean_g scores) / (std_g scores + ε) on model tokens."""
     adv = [[0.0] * len(row) for row in credited]
     for members in groups_of(index).values():
-        vals = [scores[i] for i in members]
-        if len(vals) == 1:
-            mean, std = 0.0, 1.0
-        else:
-            mean = sum(vals) / len(vals)
-            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        mean, std = group_baseline([scores[i] for i in members])
         for i in members:
             for t in valid_positions(mask[i]):
                 centered = credited[i][t] - mean
