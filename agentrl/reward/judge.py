@@ -302,7 +302,7 @@ class RewardJudge:
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
         served = ServedJudge(model, served_config)
-        return cls(config, served, tokenizer, rubric=load_rubric(config), server=served)
+        return cls(config, served, tokenizer, server=served)
 
     async def judge(self, requests: Sequence[RewardRequest]) -> list[Verdict]:
         """A verdict per request, in order (see the module docstring)."""

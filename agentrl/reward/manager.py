@@ -281,8 +281,7 @@ def _judge_result(
 ) -> RewardResult:
     """One reward from a judge verdict and, when weighted in, the function's result: a
     failure of either is the reward's failure."""
-    if verdict.score is None:
-        logger.warning("judge: %s", verdict.error)
+    if verdict.score is None:  # the judge logged why, once per call
         return RewardResult(
             0.0,
             info={"judge_output": verdict.output},
