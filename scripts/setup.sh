@@ -36,13 +36,28 @@ case "$TARGET" in
         ;;
 esac
 
-# verifiers 0.4.0 (the verifiers: env adapter) pins openai<3, which dev's openai-agents
-# (openai>=3) rules out; what agentrl.envs.verifiers uses of it works with openai 3
-# (tests/unit/envs/test_verifiers_env.py runs it). So: the package without its pins, then
-# each of its requirements but openai (read from its metadata; xargs, so nothing globs).
+# verifiers 0.4.0 (the verifiers: env adapter) pins openai<3 and mcp==2.0.0, which the rest
+# of the environment rules out (openai-agents needs openai>=3, openenv-core's fastmcp a
+# newer mcp); what agentrl.envs.verifiers uses of it works with the versions installed
+# (tests/unit/envs/test_verifiers_env.py runs it). So: the package without its
+# dependencies, then those of its requirements the environment lacks, held to every
+# version already installed (constraints), so that nothing the main install chose moves.
 $PIP install --quiet --no-deps "verifiers==0.4.0"
-.venv/bin/python -c "from importlib.metadata import requires; print('\n'.join(r.split(';')[0].replace(' ', '') for r in requires('verifiers') if 'extra ==' not in r and not r.startswith('openai')))" \
-    | xargs $PIP install --quiet
+.venv/bin/python -c "from importlib.metadata import distributions
+print('\n'.join(sorted({f'{d.metadata[\"Name\"]}=={d.version}' for d in distributions() if d.metadata['Name'] != 'agentrl'})))" \
+    > .venv/installed-constraints.txt
+.venv/bin/python -c "from importlib.metadata import PackageNotFoundError, requires, version
+from packaging.requirements import Requirement
+for line in requires('verifiers'):
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({'extra': ''}):
+        continue
+    try:
+        version(req.name)
+    except PackageNotFoundError:
+        extras = f'[{\",\".join(sorted(req.extras))}]' if req.extras else ''
+        print(f'{req.name}{extras}{req.specifier}')" \
+    | xargs -r $PIP install --quiet -c .venv/installed-constraints.txt
 # One of those (renderers) pulls in openai-harmony, whose openai_harmony module then
 # replaces that of oss-harmony, vLLM's fork (which embeds the gpt-oss vocabulary, where
 # openai-harmony downloads it): put the fork's files back where vLLM installed it.
