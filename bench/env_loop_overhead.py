@@ -11,7 +11,10 @@ The environments:
 - ``null``: an async environment that answers at once (the loop's own cost);
 - ``gymnasium:FrozenLake-v1`` (not slippery, moving right and left along the top row, so
   no episode ends early), its plain methods run in a thread (``sync_in_thread: true``,
-  the default) and on the event loop (``false``).
+  the default) and on the event loop (``false``);
+- ``verifiers:vf_null`` (``bench/plugins/vf_null.py``): a verifiers 0.4 taskset whose
+  ``Env.run`` answers each turn at once, through agentrl's verifiers adapter (the run's
+  turn exchange, and the task's reward scoring the trace at the last turn).
 
     .venv/bin/python bench/env_loop_overhead.py [--episodes 200] [--turns 8] [--repeats 3]
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import sys
 import time
@@ -47,6 +51,7 @@ from agentrl.testing.benchmarks import measured_code, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "env_loop_overhead.json"
+VF_NULL = ROOT / "bench/plugins/vf_null.py"
 # The code this bench measures, derived from what it and its command line name: a change
 # there makes a recorded result stale.
 MEASURED = measured_code(__file__, sys.argv[1:])
@@ -54,6 +59,8 @@ SAMPLING = SamplingParams(max_tokens=16)
 LAKE = "gymnasium:FrozenLake-v1"
 LAKE_KWARGS = {"is_slippery": False}
 MOVES = ("right", "left")
+# verifiers' loader imports a taskset by its top-level module name.
+sys.path.insert(0, str(VF_NULL.parent))
 
 
 @register_env("bench_null")
@@ -90,12 +97,18 @@ class Case:
     source: str
     kwargs: dict[str, Any]
     sync_in_thread: bool
+    ends: bool = False
+    """The environment ends the episode itself, after the ``turns`` of its env config."""
+
+    def env_kwargs(self, turns: int) -> dict[str, Any]:
+        return {**self.kwargs, "env": {"turns": turns}} if self.ends else self.kwargs
 
 
 CASES = [
     Case("null env", "bench_null", {}, True),
     Case("FrozenLake, thread", LAKE, LAKE_KWARGS, True),
     Case("FrozenLake, inline", LAKE, LAKE_KWARGS, False),
+    Case("verifiers Env", f"verifiers:{VF_NULL.stem}", {}, True, ends=True),
 ]
 
 
@@ -126,7 +139,7 @@ def _worker(tokenizer: Any, model_path: str, case: Case, args: argparse.Namespac
             f"model.path={model_path}",
             "rollout.agent_name=env",
             f"rollout.env.source={case.source}",
-            f"rollout.env.kwargs={json.dumps(case.kwargs)}",
+            f"rollout.env.kwargs={json.dumps(case.env_kwargs(args.turns))}",
             f"rollout.env.max_turns={args.turns}",
             f"rollout.env.sync_in_thread={str(case.sync_in_thread).lower()}",
             f"rollout.max_concurrent_loops={args.episodes}",
@@ -155,6 +168,7 @@ async def _loop_time(worker: AgentLoopWorker, episodes: int, turns: int) -> floa
 def _env_time(case: Case, episodes: int, turns: int) -> float:
     """The same resets and steps, the environment called directly (sync or awaited)."""
     make = env_factory(case.source)
+    kwargs = case.env_kwargs(turns)
     messages = [
         {"role": "assistant", "content": f"I go {move}.", "tool_calls": []} for move in MOVES
     ]
@@ -162,7 +176,7 @@ def _env_time(case: Case, episodes: int, turns: int) -> float:
     async def run() -> float:
         start = time.perf_counter()
         for episode in range(episodes):
-            env = make(**case.kwargs)
+            env = make(**kwargs)
             is_async = asyncio.iscoroutinefunction(env.step)
             reset = env.reset(None, episode)
             if is_async:
@@ -172,8 +186,8 @@ def _env_time(case: Case, episodes: int, turns: int) -> float:
                 if is_async:
                     await result
             close = getattr(env, "close", None)
-            if close is not None:
-                close()
+            if close is not None and inspect.isawaitable(closed := close()):
+                await closed
         return time.perf_counter() - start
 
     return asyncio.run(run())
