@@ -299,10 +299,12 @@ def _where(
     return "", None
 
 
-def _locate(loc: tuple[Any, ...]) -> tuple[list[str], Any, type[BaseModel] | None]:
-    """The known key path at the start of a pydantic error ``loc``, the field there (None
-    when the path is a section) and the section it ends in."""
-    model: type[BaseModel] | None = AgentRLConfig
+def _locate(
+    loc: tuple[Any, ...], root: type[BaseModel]
+) -> tuple[list[str], Any, type[BaseModel] | None]:
+    """The known key path at the start of a pydantic error ``loc`` of ``root``, the field
+    there (None when the path is a section) and the section it ends in."""
+    model: type[BaseModel] | None = root
     parts: list[str] = []
     field = None
     for part in loc:
@@ -317,22 +319,28 @@ def _locate(loc: tuple[Any, ...]) -> tuple[list[str], Any, type[BaseModel] | Non
     return parts, None if model is not None else field, model
 
 
-def _problem(error: dict[str, Any]) -> tuple[str, str]:
-    """The dotted key and the one-line problem of one pydantic error."""
+def key_problem(
+    error: dict[str, Any], root: type[BaseModel] = AgentRLConfig, at: str = ""
+) -> tuple[str, str]:
+    """The dotted key and the one-line problem of one pydantic error of ``root``: by
+    default the whole tree, else the section at key path ``at`` (a key of another
+    section is then not suggested)."""
     loc = tuple(error["loc"])
-    parts, field, section = _locate(loc)
-    key = ".".join(parts)
+    parts, field, section = _locate(loc, root)
+    key = ".".join([at, *parts] if at else parts)
     kind, value = error["type"], error.get("input")
     if kind == "extra_forbidden" and section is not None:
         name = str(loc[len(parts)])
         prefix = f"{key}." if key else ""
         where = f"{prefix}{name}"
-        moved = [k for k in _leaf_keys() if k.rsplit(".", 1)[-1] == name]
+        moved = [k for k in _leaf_keys() if k.rsplit(".", 1)[-1] == name] if not at else []
         if moved:  # the key of another section
             return where, f"unknown key; did you mean {' or '.join(moved[:3])}?"
         hint = did_you_mean(name, section.model_fields, prefix)
         if hint:
             return where, f"unknown key; {hint}"
+        if at:
+            return where, "unknown key"
         return where, (
             f"unknown key; `agentrl config --help {key or 'all'}` lists the keys"
             + (f" of {key}" if key else "")
@@ -367,7 +375,7 @@ def describe_validation_error(
     the file's lines, then the overrides'."""
     seen: dict[str, tuple[float, str]] = {}
     for error in exc.errors(include_url=False):
-        key, problem = _problem(error)
+        key, problem = key_problem(error)
         if key in seen:
             continue  # one line per key (a union reports each of its types)
         loc = tuple(str(part) for part in error["loc"])

@@ -81,19 +81,14 @@ def judge_server(policy: ServerConfig, changes: Mapping[str, Any]) -> ServerConf
 
 
 def _server_problems(exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors(include_url=False):
-        loc = [str(part) for part in error["loc"]]
-        key = ".".join(["reward.judge.server", *loc])
-        if error["type"] == "extra_forbidden":
-            model: Any = ServerConfig
-            for part in loc[:-1]:
-                model = model.model_fields[part].annotation
-            hint = did_you_mean(loc[-1], model.model_fields, key.rsplit(".", 1)[0] + ".")
-            problems.append(f"{key}: unknown key{f'; {hint}' if hint else ''}")
-        else:
-            problems.append(f"{key}: {error['msg']}, got {error.get('input')!r}")
-    return "; ".join(problems)
+    # agentrl.config composes the tree this section is part of: imported when needed.
+    from agentrl.config import key_problem
+
+    problems = (
+        ": ".join(key_problem(error, ServerConfig, "reward.judge.server"))
+        for error in exc.errors(include_url=False)
+    )
+    return "; ".join(dict.fromkeys(problems))
 
 
 class JudgeConfig(Section):

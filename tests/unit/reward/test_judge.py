@@ -305,7 +305,10 @@ def test_default_rubrics_fit_their_mode():
             "reward.judge.server.engine.backnd: unknown key; did you mean "
             "reward.judge.server.engine.backend?",
         ),
-        ("reward.judge.server={num_replicas: 0}", "reward.judge.server.num_replicas"),
+        (
+            "reward.judge.server={num_replicas: 0}",
+            "reward.judge.server.num_replicas: must be greater than or equal to 1, got 0",
+        ),
         ("reward.judge.server={name: rollout}", "the policy's application"),
     ],
 )
