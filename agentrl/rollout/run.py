@@ -390,14 +390,17 @@ class _Generation:
     def start_ray(self) -> None:
         """Start a local Ray instance (or connect to ``ray.address``) unless connected."""
         import ray
-        from ray import serve
 
         from agentrl.server.launch import init_ray
 
         if not ray.is_initialized():
             init_ray(self.cfg.ray)
+            # No serve.shutdown first: the rollout app is deleted by then, and Ray's
+            # shutdown stops a local instance's Serve controller with it (a cluster's is
+            # left to the others it serves). serve.shutdown awaits a call that the
+            # controller answers only by killing itself, which Ray reports as a failed
+            # task ("ServeController.graceful_shutdown failed ... will be retried").
             self._undo.append(ray.shutdown)
-            self._undo.append(serve.shutdown)
 
     def start(self) -> Any:
         """The servers, the gateway if enabled, and the workers; returns the manager."""
