@@ -51,12 +51,10 @@ RL training plus its test evaluation), ``goal_met`` and ``commit``/``date``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +69,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentrl.testing.benchmarks import measured_code, provenance, same_measured_code
-from agentrl.testing.spread import mean_sd_se
+from agentrl.testing.recipe_bench import (
+    clustered_mean,
+    export_checkpoint,
+    gain,
+    sha256,
+    weights_sha256,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "retool_vs_cold_start.json"
@@ -100,13 +104,6 @@ GOAL_MINUTES = 45.0  # a seed: RL training plus its test evaluation
 
 
 # ------------------------------------------------------------------------ measurements
-
-
-def clustered_mean(values_by_problem: dict[int, list[float]]) -> tuple[float, float]:
-    """The mean over problems of each problem's mean, and its standard error across
-    problems (a problem's samples are one cluster)."""
-    stats = mean_sd_se([statistics.fmean(values) for values in values_by_problem.values()])
-    return stats["mean"], stats["se"]
 
 
 def ratio_of_sums(parts: dict[int, tuple[float, float]]) -> tuple[float | None, float]:
@@ -162,13 +159,6 @@ def summarize_episodes(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "generated_tokens": tokens,
     }
-
-
-def gain(after: dict[str, Any], before: dict[str, Any], key: str = "accuracy") -> dict:
-    """``after − before`` and its standard error (independent evaluations)."""
-    difference = after[key] - before[key]
-    se = math.hypot(after[f"{key}_se"], before[f"{key}_se"])
-    return {"gain": difference, "se": se, "in_se": difference / se if se else math.inf}
 
 
 # --------------------------------------------------------------------------- the stages
@@ -290,24 +280,6 @@ def train_cold_start(stages: Stages, fraction: str, data: dict[str, Path]) -> Pa
     return out
 
 
-def sha256(files: list[Path]) -> str:
-    """SHA-256 over ``files``' bytes, in order."""
-    digest = hashlib.sha256()
-    for path in files:
-        with path.open("rb") as content:
-            for block in iter(lambda: content.read(1 << 24), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def weights_sha256(model: Path) -> str:
-    """SHA-256 over a Hugging Face folder's weight files (what an evaluation evaluated)."""
-    files = sorted(model.glob("*.safetensors"))
-    if not files:
-        raise SystemExit(f"{model}: no *.safetensors weights")
-    return sha256(files)
-
-
 def identity(digest: str, split: Path, samples: int, temperature: float) -> dict[str, Any]:
     """What makes a recorded evaluation this one: the weights (``digest``), the problems,
     the answers per problem and the temperature."""
@@ -394,29 +366,6 @@ def greedy_result(
     return stages.cached(
         stage, lambda: evaluate(stages, stage, model, split, same), same_evaluation(same)
     )
-
-
-def export_checkpoint(checkpoint: Path, base: Path, out: Path) -> None:
-    """Write a trained checkpoint's weights in Hugging Face format (config and tokenizer
-    from ``base``, the model it started from)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    # save_pretrained's one-shard tqdm bar would cut through the stages' rich progress.
-    transformers_logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory() as tmp:
-        flat = Path(tmp) / "state.pt"
-        dcp_to_torch_save(checkpoint / "model_optim", flat)
-        state = torch.load(flat, weights_only=False)["model"]
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # Tied embeddings: the checkpoint may hold lm_head.weight or not; nothing else may differ.
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise SystemExit(f"{checkpoint}: missing {missing}, unexpected {unexpected}")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
 
 
 def rl_evaluation(seed: int) -> str:
