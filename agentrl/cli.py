@@ -157,6 +157,12 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from agentrl.sim_planner import run_simulate
+
+    return run_simulate(args, _load)
+
+
 def command_data_files(args: argparse.Namespace, cfg: AgentRLConfig) -> list[str]:
     """The data files ``args.command`` reads: train and eval both splits (``Trainer.setup``
     loads both), rollout its ``--split``, the others none."""
@@ -321,6 +327,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--limit", type=int, help="only the first LIMIT rows")
     rollout.set_defaults(run=_rollout)
+
+    simulate = config_command(
+        "simulate",
+        "plan a GPU cluster: the config on simulated GPUs, the best rollout/training split",
+        description="Train CONFIG for a few steps on the simulated engine and trainer of "
+        "--profile (its loops and tools run for real), then replay the recorded episodes "
+        "on every split of --gpus GPUs between rollout replicas and training; print the "
+        "expected step time, each pool's utilization and the split of most trained "
+        "tokens/s (docs/concepts/simulation.md, Capacity planner).",
+    )
+    simulate.add_argument("--profile", required=True, help="model/GPU profile to simulate")
+    simulate.add_argument("--gpus", type=int, required=True, help="GPUs to split")
+    simulate.add_argument(
+        "--steps", type=int, default=2, help="training steps recorded (default: %(default)s)"
+    )
+    simulate.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.001,
+        help="wall seconds per modeled second while recording (default: %(default)s)",
+    )
+    simulate.add_argument(
+        "--sync", action="store_true", help="plan the synchronous trainer (as `train --sync`)"
+    )
+    simulate.add_argument("--json", help="also write the result to this JSON file")
+    simulate.set_defaults(run=_simulate)
 
     show = config_command(
         "config",

@@ -44,6 +44,7 @@ __all__ = [
 _ROLLOUT_SIDE = ("plugins", "model", "server", "gateway", "placement.rollout", "ray")
 COMMAND_SECTIONS: dict[str, tuple[str, ...] | None] = {
     "train": None,  # every section
+    "simulate": None,  # a simulated training run (agentrl.sim_planner)
     "config": None,
     # agentrl serve: the rollout servers and the gateway (agentrl.cli._serve).
     "serve": _ROLLOUT_SIDE,

@@ -22,7 +22,7 @@ from agentrl.testing.benchmarks import (
     run_benchmark,
 )
 
-COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "audit", "bench")
+COMMANDS = ("serve", "train", "eval", "rollout", "config", "plot", "audit", "bench", "simulate")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
