@@ -52,9 +52,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REPLICA_PROCESS_BYTES = 400 * 1024**2
-"""Memory one simulated rollout replica process takes in the recording run (a Ray Serve
-replica with the sim engine: about 300 MB resident measured here, rounded up)."""
+REPLICA_PROCESS_BYTES = 512 * 1024**2
+"""Memory one simulated rollout replica process takes in the recording run: a Ray Serve
+replica with the sim engine is about 400 MB resident here (``ps`` during a recording with
+two replicas), rounded up."""
 
 REPLAY_STEPS = 5
 """Training steps each candidate split replays; the first warms up and is not measured."""
@@ -741,34 +742,37 @@ def print_plan(plan: Plan) -> None:
     from rich.table import Table
 
     mode = "sync" if plan.max_staleness == 0 else f"async, max_staleness {plan.max_staleness}"
-    table = Table(title=f"{plan.profile} on {plan.gpus} GPUs ({mode}), modeled seconds")
-    for name in ("replicas", "rollout GPUs", "train GPUs", "step s", "train s", "tokens/s"):
+    table = Table(
+        title=f"{plan.profile} on {plan.gpus} GPUs ({mode}), modeled seconds",
+        caption="* the best split",
+    )
+    for name in ("rollout", "train GPUs", "step s", "train s", "tokens/s", "pool busy"):
         table.add_column(name, justify="right")
-    table.add_column("rollout busy", justify="right")
     table.add_column("trainer busy", justify="right")
-    table.add_column("")
     for r in plan.candidates:
         table.add_row(
             f"{r.split.replicas} x tp{r.split.gpus_per_replica}",
-            str(r.split.rollout_gpus),
             str(r.split.train_gpus),
             f"{r.step_s:.1f}",
             f"{r.train_s:.1f}",
-            f"{r.trained_tokens_per_s:,.0f}",
+            f"{r.trained_tokens_per_s:,.0f}{' *' if r.split == plan.best.split else ''}",
             f"{r.pool_busy:.0%}",
             f"{r.trainer_busy:.0%}",
-            "best" if r.split == plan.best.split else "",
         )
     console = Console()
     console.print(table)
     b, w = plan.best, plan.workload
-    close = near_best(plan)
+    near = near_best(plan)
+    close = (
+        f" (within {NEAR_BEST:.0%} of it: {near[0].replicas} to {near[-1].replicas} replicas)"
+        if len(near) > 1
+        else ""
+    )
     console.print(
         f"A replica takes {plan.gpus_per_replica} GPU(s), the profile's tensor-parallel "
         f"size; the trainer needs at least {plan.min_train_gpus} for its model states.\n"
         f"Best split: {b.split.replicas} replica(s) x {b.split.gpus_per_replica} GPU(s) "
-        f"for rollout, {b.split.train_gpus} GPU(s) for training "
-        f"(within {NEAR_BEST:.0%}: {close[0].replicas} to {close[-1].replicas} replicas).\n"
+        f"for rollout, {b.split.train_gpus} GPU(s) for training{close}.\n"
         f"Expected step time {b.step_s:.1f} s, {b.trained_tokens_per_s:,.0f} trained "
         f"tokens/s; rollout pool busy {b.pool_busy:.0%}, trainer busy {b.trainer_busy:.0%}"
         f"{f'; {b.dropped_stale} episodes dropped as stale' if b.dropped_stale else ''}.\n"

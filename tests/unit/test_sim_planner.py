@@ -16,6 +16,7 @@ from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult
 from agentrl.server.sim_profiles import get_profile
 from agentrl.sim_planner import (
+    REPLICA_PROCESS_BYTES,
     EpisodeShape,
     Split,
     SplitResult,
@@ -64,7 +65,7 @@ def test_too_few_gpus_say_what_a_replica_and_the_trainer_take(caplog):
 
 def test_more_replicas_than_the_machine_holds_is_refused(monkeypatch, caplog):
     memory = namedtuple("memory", "available")
-    monkeypatch.setattr("psutil.virtual_memory", lambda: memory(3 * 400 * 1024**2))
+    monkeypatch.setattr("psutil.virtual_memory", lambda: memory(3 * REPLICA_PROCESS_BYTES))
     argv = ["simulate", "--profile", "qwen2.5-7b-h100", "--gpus", "64", "server.num_replicas=8"]
     assert main(argv) == 2
     assert "server.num_replicas=8" in caplog.text
