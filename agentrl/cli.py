@@ -349,7 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="wall seconds per modeled second while recording (default: %(default)s)",
     )
     simulate.add_argument(
-        "--sync", action="store_true", help="plan the synchronous trainer (as `train --sync`)"
+        "--sync",
+        action="store_true",
+        help="plan the synchronous trainer (as `train --sync`); default: async with "
+        "trainer.max_staleness",
     )
     simulate.add_argument("--json", help="also write the result to this JSON file")
     simulate.set_defaults(run=_simulate)

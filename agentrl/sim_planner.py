@@ -4,13 +4,14 @@ The planner answers before any GPU is rented. It works in two phases:
 
 1. **Record.** The user's config trains for a few steps (``--steps``) with the simulated
    engine (``server.engine.backend=sim``) and the simulated trainer
-   (``workers.backend=sim``) of the profile, at a small ``--time-scale``. The loops, the
-   tools, the reward, Ray, Serve, the router and the trainer's control path are the
-   real ones. Every finished episode is recorded: its prompt, the token runs of its
-   model turns (``response_mask`` = 1) and its environment tokens, and its time outside
-   the engine (the loop's ``tool_time_s`` metric, or else its wall latency, which at a
-   small time scale is almost all tool and control-plane time). Tools run at their real
-   speed, so their seconds count as modeled seconds as they are.
+   (``workers.backend=sim``) of the profile, at a small ``--time-scale``, with the
+   synchronous trainer (every step waits for all its episodes, so the longest are
+   recorded too). The loops, the tools, the reward, Ray, Serve, the router and the
+   trainer's control path are the real ones. Every episode is recorded: its prompt,
+   the token runs of its model turns (``response_mask`` = 1) and its environment tokens,
+   and its time outside the engine (the loop's ``tool_time_s`` metric, or else its wall
+   latency, which at a small time scale is almost all tool and control-plane time).
+   Tools run at their real speed, so their seconds count as modeled seconds as they are.
 2. **Model.** Each candidate split (R rollout replicas of ``tp`` GPUs each, the
    remaining GPUs training) replays the recorded episodes through R real ``SimEngine``
    instances on a virtual clock (an event loop whose clock jumps to the next timer
@@ -594,15 +595,15 @@ def record_overrides(
     ]
 
 
-def record(cfg: AgentRLConfig, sync: bool) -> tuple[list[EpisodeResult], list[dict[str, float]]]:
-    """Train ``cfg`` (the recording config) as ``agentrl train`` would; every finished
+def record(cfg: AgentRLConfig) -> tuple[list[EpisodeResult], list[dict[str, float]]]:
+    """Train ``cfg`` (the recording config) with the synchronous trainer, whose every
+    step waits for all its episodes, so the longest ones are recorded too; every finished
     episode and the step metrics."""
     import ray
 
-    from agentrl.trainer.async_trainer import AsyncTrainer
     from agentrl.trainer.trainer import Trainer
 
-    trainer = (Trainer if sync else AsyncTrainer)(cfg)
+    trainer = Trainer(cfg)
     episodes: list[EpisodeResult] = []
     own_ray = not ray.is_initialized()
     try:
@@ -692,7 +693,7 @@ def run_simulate(args: argparse.Namespace, load: Callable[[argparse.Namespace], 
             args.time_scale,
         )
         record_start = time.perf_counter()
-        episodes, history = record(cfg, args.sync)
+        episodes, history = record(cfg)
         record_s = time.perf_counter() - record_start
     workload = workload_from_episodes(episodes, cfg.rollout.n, cfg.data.train_batch_size)
     logging.getLogger("agentrl.server.sim_engine").setLevel(logging.WARNING)
