@@ -1,16 +1,20 @@
 """``TrajectoryQueue``: finished episodes between the rollout producer and the trainer.
 
-Producers ask ``reserve`` how many groups they may start (the staleness rule in
-``StalenessController``), run them, and ``put`` each finished episode. The trainer calls
-``get_batch`` and receives ``batch_groups`` complete groups (all ``group_size`` episodes
-of a prompt returned), oldest first. At that point each episode's staleness — the
-trainer's version minus the oldest policy version among its model tokens — is checked:
-episodes more than η versions behind are dropped, or down-weighted by
-``stale_weight_decay ** (staleness − η)`` in ``output.extra["sample_weight"]``, and counted.
+The queue is an asyncio object in the driver, next to the producer and the trainer: an
+episode travels once, from its agent-loop worker to the driver. The producer awaits
+``acquire``, which waits until the staleness rule (``StalenessController``) lets a group
+start and reserves as many as it allows, runs them, and ``put``s each finished episode.
+The trainer calls ``get_batch`` and receives ``batch_groups`` complete groups (all
+``group_size`` episodes of a prompt returned), oldest first. At that point each
+episode's staleness — the trainer's version minus the oldest policy version among its
+model tokens — is checked: episodes more than η versions behind are dropped, or
+down-weighted by ``stale_weight_decay ** (staleness − η)`` in
+``output.extra["sample_weight"]``, and counted.
 
-External episodes — finished sessions of free-running clients of the OpenAI gateway,
-sent by its queue sink (``gateway.sink: queue``) to ``put_session`` — join the same
-queue without a reservation:
+External episodes — finished sessions of free-running clients of the OpenAI gateway —
+join the same queue without a reservation. The gateway runs in a Serve replica, so its
+queue sink (``gateway.sink: queue``) sends them to ``SessionInbox``, a small named Ray
+actor, and ``drain_inbox`` moves them from there into the queue (``put_session``):
 
 - grouping: sessions that gave the same group id (``x-group-id``) form one group, in
   arrival order, complete once ``group_size`` of them arrived; a group takes no more
@@ -34,21 +38,24 @@ Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when n
 can ever form (nothing running, no room for the producer to start a group, no external
 source) and ``BatchTimeout`` after ``timeout_s``; both say what the queue holds.
 
-Runs in-process or as a Ray actor (``ray.remote(TrajectoryQueue)``); all methods are
-coroutines on one event loop, so no locks are needed.
+All methods run on one event loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.rollout.episode import EpisodeResult, episode_from_session
 from agentrl.rollout.staleness import StalenessController
+
+logger = logging.getLogger(__name__)
 
 _REFUSAL_COUNTERS = {
     "duplicate": "duplicate_episodes",
@@ -127,20 +134,23 @@ class TrajectoryQueue:
 
     # -- producer side -----------------------------------------------------------------
 
+    async def acquire(self, max_groups: int) -> int:
+        """Wait until at least one group may start, then start up to ``max_groups``;
+        returns how many the rule allows (at least one), or 0 once the queue closed."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._closed or self._rule.capacity >= self.group_size
+            )
+        return 0 if self._closed else await self.reserve(max_groups)
+
     async def reserve(self, max_groups: int) -> int:
-        """Start up to ``max_groups`` groups now; returns how many the rule allows."""
+        """Start up to ``max_groups`` groups now, without waiting; returns how many the
+        rule allows."""
         groups = min(max_groups, self._rule.capacity // self.group_size)
         if groups > 0:
             self._rule.start(groups * self.group_size)
             self._counts["episodes_started"] += groups * self.group_size
         return groups
-
-    async def wait_for_capacity(self) -> None:
-        """Return once at least one more group may start (or the queue closed)."""
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: self._closed or self._rule.capacity >= self.group_size
-            )
 
     async def put(self, episode: EpisodeResult) -> None:
         """A reserved episode finished (ok or failed); each episode id is accepted once.
@@ -340,3 +350,70 @@ class TrajectoryQueue:
                 self._counts["dropped_groups"] += 1
                 self._counts["dropped_group_episodes"] += len(kept)
         return freed
+
+
+Session = tuple[str, list[AgentLoopOutput], float | None, str | None]
+"""A finished gateway session: session id, samples, reward, group id."""
+
+
+class SessionInbox:
+    """The gateway's inbox: finished sessions held until the driver takes them.
+
+    Runs as a small named Ray actor (the name the gateway's queue sink looks up), since the
+    gateway, in a Serve replica, cannot call the driver's ``TrajectoryQueue``. It decides
+    nothing: ``put_session`` takes every session (returns ``accepted``: delivered), and
+    the queue accepts or refuses it when ``drain_inbox`` hands it over, counting refusals
+    in its metrics.
+
+    Sessions are numbered in arrival order. ``take(start)`` forgets those before
+    ``start`` (the caller has them) and returns the rest, so a reply lost on its way is
+    sent again by the next call and no session is delivered twice.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: list[Session] = []
+        self._first = 0  # the number of self._sessions[0]
+        self._arrived = asyncio.Event()
+
+    async def put_session(
+        self,
+        session_id: str,
+        samples: list[AgentLoopOutput],
+        reward: float | None,
+        group_id: str | None = None,
+    ) -> str:
+        """Hold a finished session (what the gateway's queue sink sends)."""
+        self._sessions.append((session_id, samples, reward, group_id))
+        self._arrived.set()
+        return "accepted"
+
+    async def take(self, start: int) -> list[Session]:
+        """The sessions numbered ``start`` on; waits until there is at least one. Those
+        before ``start`` are forgotten."""
+        if not self._first <= start <= self._first + len(self._sessions):
+            raise ValueError(
+                f"take({start}): the inbox holds sessions {self._first} to "
+                f"{self._first + len(self._sessions) - 1}"
+            )
+        del self._sessions[: start - self._first]
+        self._first = start
+        while not self._sessions:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return list(self._sessions)
+
+
+async def drain_inbox(
+    take: Callable[[int], Awaitable[list[Session]]], queue: TrajectoryQueue
+) -> None:
+    """Move finished sessions from an inbox into ``queue`` as they arrive, until cancelled.
+
+    ``take`` is ``SessionInbox.take`` (``inbox.take.remote`` for the actor)."""
+    start = 0
+    while True:
+        sessions = await take(start)
+        for session_id, samples, reward, group_id in sessions:
+            status = await queue.put_session(session_id, samples, reward, group_id)
+            if status != "accepted":
+                logger.warning("the trajectory queue refused session %s (%s)", session_id, status)
+        start += len(sessions)

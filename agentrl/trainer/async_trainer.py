@@ -7,18 +7,21 @@ requests for the swap only). η = ``trainer.max_staleness``: 0 is the synchronou
 1 one-step-off-policy. The producer stops once the last step's batch is in hand: the
 last update and the final validation run without generation beside them.
 
-With ``gateway.sink: queue`` (or ``queue:NAME``) the queue actor gets that name in
-``ray.namespace``, and the gateway's queue sink puts finished sessions of free-running
-OpenAI clients into it: they are trained on next to the producer's episodes, grouped by
-their ``x-group-id`` and rewarded by their client (see ``TrajectoryQueue``). With
-``trainer.agent_loop_episodes: false`` the producer does not run: every batch is made of
-gateway sessions.
+The queue lives in the driver: an episode comes from its agent-loop worker to the driver
+once, and each reservation is one awaited ``acquire``. With ``gateway.sink: queue`` (or
+``queue:NAME``) a ``SessionInbox`` actor gets that name in ``ray.namespace``; the
+gateway's queue sink puts finished sessions of free-running OpenAI clients into it, and
+the driver drains them into the queue: they are trained on next to the producer's
+episodes, grouped by their ``x-group-id`` and rewarded by their client (see
+``TrajectoryQueue``). With ``trainer.agent_loop_episodes: false`` the producer does not
+run: every batch is made of gateway sessions.
 
 Faults: the producer and every episode task are supervised. An episode whose agent-loop
 worker died runs again, then is a failed episode (counted, its slot returned; see
 ``AgentLoopManager``); any other producer error, ``NoLiveWorker`` included, stops ``fit``
-at once with that error; a batch that can never form, or does not form
-within ``trainer.batch_timeout_s``, stops it with what the queue holds. A resumed run
+at once with that error, and so does a failure of the inbox's drain; a batch that can
+never form, or does not form within ``trainer.batch_timeout_s``, stops it with what the
+queue holds. A resumed run
 pushes the restored weights before the producer starts and replays the rows that were
 started but not trained (``RowFeed``), so no row is skipped or trained twice.
 """
@@ -26,7 +29,6 @@ started but not trained (``RowFeed``), so no row is skipped or trained twice.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -37,14 +39,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from agentrl.algos import DynamicSampler
 from agentrl.data.loader import RowLoader
 from agentrl.rollout.episode import EpisodeRequest, make_requests
-from agentrl.rollout.queue import BatchTimeout, QueueStalled, TrainingBatch, TrajectoryQueue
+from agentrl.rollout.queue import SessionInbox, TrainingBatch, TrajectoryQueue, drain_inbox
 from agentrl.server.gateway.sink import queue_actor_name
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.row_feed import RowFeed
 from agentrl.trainer.steps import sample_groups, sampled
 from agentrl.trainer.trainer import Trainer, timer
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -68,10 +68,18 @@ class AsyncTrainer(Trainer):
             )
         await self.serve_restored_weights()
         queue = self._make_queue()
+        inbox = self._make_inbox()
         self._gen_clock = _BusyClock()
-        producer = (
-            asyncio.create_task(self._produce(queue)) if cfg.trainer.agent_loop_episodes else None
-        )
+        # What fills the queue: tasks that end only by failing, named for their error.
+        sources: dict[str, asyncio.Task] = {}
+        if cfg.trainer.agent_loop_episodes:
+            sources["producer"] = asyncio.create_task(
+                self._produce(queue), name="the rollout producer"
+            )
+        if inbox is not None:
+            sources["inbox"] = asyncio.create_task(
+                drain_inbox(inbox.take.remote, queue), name="the gateway inbox"
+            )
         history = []
         try:
             await self._maybe_validate(force=True)
@@ -79,14 +87,14 @@ class AsyncTrainer(Trainer):
                 metrics: dict[str, float] = {}
                 with timer(metrics, "step"):
                     with timer(metrics, "wait_for_batch"):
-                        batch = await self._next_batch(queue, producer)
+                        batch = await self._next_batch(queue, list(sources.values()))
                     if batch is None:
                         break
-                    if producer is not None and self.step + 1 >= cfg.trainer.total_steps:
+                    if "producer" in sources and self.step + 1 >= cfg.trainer.total_steps:
                         # The last batch is in hand: episodes started now would never be
                         # trained, and would share the cores with the last update and the
                         # final validation. Their rows stay pending in the last checkpoint.
-                        await _stop(producer)
+                        await _stop(sources.pop("producer"))
                     metrics |= batch.metrics
                     rows = self._feed.rows_by_group if self._feed is not None else {}
                     metrics |= await self.train_on(batch.episodes, rows, metrics)
@@ -94,73 +102,74 @@ class AsyncTrainer(Trainer):
                         self._feed.done([g[0].group_id for g in batch.groups])
                         dropped = self._feed.done(batch.dropped_group_ids)
                         self.audit.dropped(dropped, "the queue dropped its group (stale or failed)")
-                    await queue.finish_step.remote(self.version)
+                    await queue.finish_step(self.version)
                 metrics["timing/gen"] = self._gen_clock.take()
                 history.append(await self._finish_step(metrics))
         finally:
-            await _close_queue(queue)
-            if producer is not None:
-                await _stop(producer)
-            if queue_actor_name(cfg.gateway.sink) is not None:
-                ray.kill(queue)  # free the name for the next run in this Ray session
+            for source in sources.values():
+                await _stop(source)
+            await queue.close()
+            if inbox is not None:
+                ray.kill(inbox)  # free the name for the next run in this Ray session
         return history
 
-    def _make_queue(self) -> ray.actor.ActorHandle:
-        """The queue actor; named for the gateway's queue sink when one is configured."""
+    def _make_queue(self) -> TrajectoryQueue:
+        """The driver-side queue (external sources when the gateway's sink is a queue)."""
         cfg = self.cfg
-        options: dict[str, Any] = {
-            "max_concurrency": 1000,
-            # On the driver's node: the queue holds the run's finished episodes, and a
-            # queue on a worker node would be lost with that node (the driver's own loss
-            # ends the run anyway).
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=False
-            ),
-        }
-        name = queue_actor_name(cfg.gateway.sink)
-        if name is not None:
-            options |= {"name": name, "namespace": cfg.ray.namespace}
+        return TrajectoryQueue(
+            batch_groups=cfg.data.train_batch_size,
+            group_size=cfg.rollout.n,
+            max_staleness=cfg.trainer.max_staleness,
+            max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
+            stale_policy=cfg.trainer.stale_policy,
+            max_response_length=cfg.rollout.max_response_length,
+            version=self.version,
+            external_sources=queue_actor_name(cfg.gateway.sink) is not None,
+        )
+
+    def _make_inbox(self) -> ray.actor.ActorHandle | None:
+        """The gateway's inbox actor, named for its queue sink (None without one)."""
+        name = queue_actor_name(self.cfg.gateway.sink)
+        if name is None:
+            return None
         return (
-            ray.remote(TrajectoryQueue)
-            .options(**options)
-            .remote(
-                batch_groups=cfg.data.train_batch_size,
-                group_size=cfg.rollout.n,
-                max_staleness=cfg.trainer.max_staleness,
-                max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
-                stale_policy=cfg.trainer.stale_policy,
-                max_response_length=cfg.rollout.max_response_length,
-                version=self.version,
-                external_sources=name is not None,
+            ray.remote(SessionInbox)
+            .options(
+                name=name,
+                namespace=self.cfg.ray.namespace,
+                # On the driver's node: the inbox holds finished sessions, and one on a
+                # worker node would be lost with that node (the driver's own loss ends
+                # the run anyway).
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=False
+                ),
             )
+            .remote()
         )
 
     async def _next_batch(
-        self, queue: ray.actor.ActorHandle, producer: asyncio.Task | None
+        self, queue: TrajectoryQueue, sources: list[asyncio.Task]
     ) -> TrainingBatch | None:
-        """The next batch; the producer's error instead, as soon as it fails. Before and
+        """The next batch; a source's error instead, as soon as one fails. Before and
         while it waits, replicas that came back with old weights get the current ones."""
         await self.keep_replicas_current()
-        get = asyncio.ensure_future(
-            queue.get_batch.remote(timeout_s=self.cfg.trainer.batch_timeout_s)
-        )
-        waiting = {get} if producer is None else {get, producer}
+        get = asyncio.ensure_future(queue.get_batch(timeout_s=self.cfg.trainer.batch_timeout_s))
         while True:
-            done, _ = await asyncio.wait(waiting, timeout=_REPLICA_CHECK_S, return_when=FIRST)
+            done, _ = await asyncio.wait(
+                {get, *sources}, timeout=_REPLICA_CHECK_S, return_when=FIRST
+            )
             if done:
                 break
             await self.keep_replicas_current()
-        if not get.done():  # the producer ended first, which it only does by failing
+        if not get.done():  # a source ended first, which it only does by failing
             get.cancel()
-            error = producer.exception() if producer is not None else None
+            failed = next(task for task in sources if task.done())
+            error = failed.exception()
             raise RuntimeError(
-                f"the rollout producer failed at step {self.step + 1}: "
+                f"{failed.get_name()} failed at step {self.step + 1}: "
                 f"{type(error).__name__}: {error}"
             ) from error
-        try:
-            return await get
-        except (QueueStalled, BatchTimeout) as error:  # raised in the queue actor
-            raise getattr(error, "cause", error) from None
+        return await get
 
     async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
         """Dynamic sampling drops uninformative groups; the producer never regenerates."""
@@ -169,7 +178,7 @@ class AsyncTrainer(Trainer):
         sample_groups(sampler, samples)
         return sampled(sampler, metrics)
 
-    async def _produce(self, queue: ray.actor.ActorHandle) -> None:
+    async def _produce(self, queue: TrajectoryQueue) -> None:
         """Start groups as the staleness rule allows; put each episode when it finishes.
 
         Raises the first error of an episode task (a failed episode is not an error)."""
@@ -185,8 +194,11 @@ class AsyncTrainer(Trainer):
 
         try:
             while True:
-                await _unless_failed(queue.wait_for_capacity.remote(), failure)
-                allowed = await queue.reserve.remote(max_groups=self.cfg.data.train_batch_size)
+                allowed = await _unless_failed(
+                    queue.acquire(self.cfg.data.train_batch_size), failure
+                )
+                if not allowed:  # the queue closed
+                    return
                 for _ in range(allowed):
                     index, row = self._feed.next_row()
                     group = make_requests(
@@ -209,8 +221,8 @@ class AsyncTrainer(Trainer):
             if failure.done():
                 failure.exception()  # raised above already; mark it retrieved
 
-    async def _run_one(self, request: EpisodeRequest, queue: ray.actor.ActorHandle) -> None:
-        await queue.put.remote(await self.manager.run(request))
+    async def _run_one(self, request: EpisodeRequest, queue: TrajectoryQueue) -> None:
+        await queue.put(await self.manager.run(request))
 
     # -- data position -----------------------------------------------------------------
 
@@ -251,13 +263,6 @@ async def _stop(producer: asyncio.Task) -> None:
     """Cancel the producer and wait until its episode tasks are cancelled too."""
     producer.cancel()
     await asyncio.gather(producer, return_exceptions=True)
-
-
-async def _close_queue(queue: ray.actor.ActorHandle) -> None:
-    try:
-        await queue.close.remote()
-    except ray.exceptions.RayError as error:  # the queue died: the run is failing anyway
-        logger.warning("could not close the trajectory queue: %s", error)
 
 
 class _BusyClock:

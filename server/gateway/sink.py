@@ -1,8 +1,9 @@
 """Where finished sessions go: the ``TrajectorySink`` interface and the built-in sinks.
 
 ``memory`` keeps finished sessions in the gateway (read back with ``Gateway.drain_sink``);
-``queue`` / ``queue:NAME`` sends them to a ``TrajectoryQueue`` Ray actor, so sessions of
-free-running clients become training episodes next to the internal agent loops';
+``queue`` / ``queue:NAME`` sends them to the trainer's inbox, a small Ray actor of that
+name (``SessionInbox``) that the driver drains into its ``TrajectoryQueue``, so sessions
+of free-running clients become training episodes next to the internal agent loops';
 ``pkg.module:factory`` is any object with ``async def put``.
 """
 
@@ -26,7 +27,8 @@ from agentrl.core.trajectory import AgentLoopOutput
 logger = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_NAME = "agentrl-trajectory-queue"
-"""Ray actor name of the trajectory queue that ``gateway.sink: queue`` sends to."""
+"""Ray actor name of the trainer's inbox (``SessionInbox``) that ``gateway.sink: queue``
+sends to."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +152,14 @@ class SessionSpool:
 
 
 class QueueSink:
-    """Sends each finished session to a ``TrajectoryQueue`` (``put_session``).
+    """Sends each finished session to a trajectory queue (``put_session``).
 
-    ``queue`` is the queue itself (anything with ``async def put_session``, e.g. an
-    in-process ``TrajectoryQueue``) or the name of its Ray actor, looked up in
-    ``namespace`` at the first finished session (so the gateway may start before the
-    trainer creates the queue). Sessions driven by ``ExternalAgentLoop`` (``managed``)
-    are skipped: the loop returns their samples to the trainer itself.
+    ``queue`` is anything with ``async def put_session`` (e.g. an in-process
+    ``TrajectoryQueue``) or the name of a Ray actor with one (the trainer's
+    ``SessionInbox``), looked up in ``namespace`` at the first finished session (so the
+    gateway may start before the trainer creates the actor). Sessions driven by
+    ``ExternalAgentLoop`` (``managed``) are skipped: the loop returns their samples to the
+    trainer itself.
 
     While the actor does not exist yet (or a call to it fails), finished sessions are
     held and sent with the next finished session, oldest first, or at the session store's
@@ -291,8 +294,8 @@ def queue_actor_name(spec: str) -> str | None:
 
 
 def load_sink(spec: str, capacity: int, namespace: str | None = None) -> TrajectorySink:
-    """``memory``, ``queue`` / ``queue:ACTOR_NAME`` (a ``TrajectoryQueue`` Ray actor in
-    ``namespace``), or ``pkg.module:factory`` (a class or function called with no arguments)."""
+    """``memory``, ``queue`` / ``queue:ACTOR_NAME`` (the trainer's ``SessionInbox`` actor
+    in ``namespace``), or ``pkg.module:factory`` (a class or function called with no arguments)."""
     if spec == "memory":
         return InMemorySink(capacity)
     name = queue_actor_name(spec)

@@ -1,8 +1,9 @@
 """Free-running OpenAI clients of the real gateway feed the trainer (``gateway.sink: queue``).
 
 One ``AsyncTrainer`` set-up (Ray, one vLLM-CPU rollout replica, the gateway with a queue
-sink, two FSDP ranks) is shared by the module. The first test stands up its own queue
-actor under the sink's name and reads the batch itself; the second lets
+sink, two FSDP ranks) is shared by the module. The first test stands up its own inbox
+actor under the sink's name, drains it into a queue of its own and reads the batch
+itself; the second lets
 ``AsyncTrainer.fit`` (``trainer.agent_loop_episodes=false``) train on nothing but
 gateway sessions, half of which finished while the queue did not exist (the sink held
 them, one in memory and one on disk): fault 7 of ``bench/fault_tolerance.py``, which
@@ -22,7 +23,7 @@ from fault_ledger import Ledger, fault_injected
 from ray import serve
 from toy_task import toy_config
 
-from agentrl.rollout.queue import TrajectoryQueue
+from agentrl.rollout.queue import SessionInbox, TrajectoryQueue, drain_inbox
 from agentrl.server.gateway.deployment import GATEWAY_DEPLOYMENT_NAME, gateway_url
 from agentrl.trainer.async_trainer import AsyncTrainer
 
@@ -98,11 +99,9 @@ def _wait_name_free(namespace: str) -> None:
 
 async def test_finished_sessions_reach_the_queue_with_the_ids_the_gateway_recorded(trainer, root):
     namespace = trainer.cfg.ray.namespace
-    queue = (
-        ray.remote(TrajectoryQueue)
-        .options(name=QUEUE, namespace=namespace)
-        .remote(batch_groups=1, group_size=2, max_staleness=1, max_concurrency=8)
-    )
+    inbox = ray.remote(SessionInbox).options(name=QUEUE, namespace=namespace).remote()
+    queue = TrajectoryQueue(batch_groups=1, group_size=2, max_staleness=1, max_concurrency=8)
+    drain = asyncio.create_task(drain_inbox(inbox.take.remote, queue))
     async with httpx.AsyncClient(base_url=root, timeout=60) as http:
         opened = await http.post("/v1/sessions/managed-1", json={"managed": True})
         assert opened.status_code == 200
@@ -115,7 +114,7 @@ async def test_finished_sessions_reach_the_queue_with_the_ids_the_gateway_record
         for sid, reward in (("free-2", 0.0), ("managed-1", 1.0), ("free-1", 1.0)):
             recorded[sid] = (await _finish(http, sid, reward))["samples"]
         assert len(recorded["free-1"]) == 1  # each turn extended the last: one sample
-    batch = await asyncio.wait_for(queue.get_batch.remote(), 60)
+    batch = await asyncio.wait_for(queue.get_batch(), 60)
     (group,) = batch.groups
     assert [e.episode_id for e in group] == ["free-2", "free-1"]  # managed-1 never came
     assert {e.group_id for e in group} == {"ext:g-1"}
@@ -129,10 +128,12 @@ async def test_finished_sessions_reach_the_queue_with_the_ids_the_gateway_record
         assert output.response_versions == sample["response_versions"]
         assert 0 in output.response_mask and output.num_turns == 3
         assert output.reward == (1.0 if episode.episode_id == "free-1" else 0.0)
-    metrics = await queue.metrics.remote()
+    metrics = queue.metrics()
     assert metrics["async/external_episodes"] == 2 and metrics["async/running"] == 0
-    assert await queue.pending_episode_ids.remote() == []
-    ray.kill(queue)
+    assert queue.pending_episode_ids() == []
+    drain.cancel()
+    await asyncio.gather(drain, return_exceptions=True)
+    ray.kill(inbox)
     _wait_name_free(namespace)
 
 
@@ -149,7 +150,7 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
     early = [sid for sid in sessions if sid.startswith("t0-")]
     before = await _sink_stats(trainer)  # the first test's sessions are counted there
     async with httpx.AsyncClient(base_url=root, timeout=60) as http:
-        # No queue actor under the sink's name yet (the trainer creates it in `fit`).
+        # No inbox actor under the sink's name yet (the trainer creates it in `fit`).
         await asyncio.gather(*(_session(root, sid, sessions[sid][0]) for sid in early))
         fault_injected(record_property)  # these sessions finish with no queue to take them
         for sid in early:
@@ -161,7 +162,7 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
         outage_over = time.monotonic()
         fit = asyncio.create_task(trainer.fit())
         deadline = time.monotonic() + 60
-        while True:  # fit creates the queue under the sink's name
+        while True:  # fit creates the inbox under the sink's name
             try:
                 ray.get_actor(QUEUE, namespace=trainer.cfg.ray.namespace)
                 break

@@ -2,7 +2,7 @@
 
 Before, the producer ran until the loop's ``finally``: during the last update and the
 final validation it generated up to a batch of episodes that no step would train, on
-the cores that update and validation share. The producer and the queue actor are
+the cores that update and validation share. The producer and the queue are
 stand-ins here; the loop that decides when to stop the producer is the real one.
 """
 
@@ -18,19 +18,6 @@ from agentrl.config import load_config
 from agentrl.trainer.async_trainer import AsyncTrainer
 
 
-class _Remote:
-    """A queue actor method: ``.remote(...)`` returns an awaitable, as Ray's does."""
-
-    def __init__(self, result=None) -> None:
-        self.result = result
-
-    def remote(self, *args, **kwargs):
-        async def call():
-            return self.result
-
-        return call()
-
-
 def _batch() -> SimpleNamespace:
     return SimpleNamespace(metrics={}, episodes=[], groups=[], dropped_group_ids=[])
 
@@ -40,10 +27,14 @@ def _run(tmp_path: Path, total_steps: int) -> list[tuple[str, int]]:
     cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"trainer.total_steps={total_steps}"])
     trainer = AsyncTrainer(cfg)
     events: list[tuple[str, int]] = []
-    queue = SimpleNamespace(get_batch=_Remote(_batch()), finish_step=_Remote(), close=_Remote())
 
     async def nothing(*args, **kwargs) -> None:
         return None
+
+    async def get_batch(*args, **kwargs) -> SimpleNamespace:
+        return _batch()
+
+    queue = SimpleNamespace(get_batch=get_batch, finish_step=nothing, close=nothing)
 
     async def produce(_queue) -> None:
         try:

@@ -137,11 +137,8 @@ async def test_no_episode_lost_or_duplicated_with_concurrent_producers_and_train
     async def producer(worker: int):
         counter = 0
         while True:
-            await q.wait_for_capacity()
-            if q._closed:
-                return
-            if not await q.reserve(1):
-                continue
+            if not await q.acquire(1):
+                return  # closed
             group = f"w{worker}-g{counter}"
             counter += 1
             version = q._rule.version
@@ -227,11 +224,36 @@ async def test_dropping_stale_episodes_wakes_a_producer_waiting_for_capacity():
     assert await q.reserve(10) == 1
     await q.put(_episode("a", 0, version=0))  # one version behind at η = 0: stale
     await q.put(_episode("a", 1, version=0))
-    waiter = asyncio.create_task(q.wait_for_capacity())
+    waiter = asyncio.create_task(q.acquire(10))
     await asyncio.sleep(0.01)
     assert not waiter.done()  # both slots are taken by accepted episodes
     getter = asyncio.create_task(q.get_batch())  # drops them and frees their slots
-    await asyncio.wait_for(waiter, 1)
-    assert await q.reserve(10) == 1
+    assert await asyncio.wait_for(waiter, 1) == 1
+    assert await q.reserve(10) == 0  # the one group the freed slots allow is reserved
     assert not getter.done()
     getter.cancel()
+
+
+async def test_acquire_waits_for_room_and_reserves_what_the_rule_allows_in_one_call():
+    q = _queue(max_staleness=0)
+    assert await q.acquire(10) == 2  # room at once: no wait
+    waiter = asyncio.create_task(q.acquire(10))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    for group in ("a", "b"):
+        for k in range(2):
+            await q.put(_episode(group, k))
+    await q.get_batch()
+    await q.finish_step(1)
+    assert await asyncio.wait_for(waiter, 1) == 2
+    assert q.metrics()["async/episodes_started"] == 8
+
+
+async def test_acquire_returns_zero_once_the_queue_closes():
+    q = _queue(max_staleness=0)
+    await q.reserve(10)
+    waiter = asyncio.create_task(q.acquire(1))
+    await asyncio.sleep(0.01)
+    await q.close()
+    assert await asyncio.wait_for(waiter, 1) == 0
+    assert await q.acquire(1) == 0
