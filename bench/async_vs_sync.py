@@ -63,6 +63,7 @@ from rich.table import Table
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.rollout.episode import EpisodeResult
+from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.testing.spread import mean_sd_se
 from agentrl.trainer.async_trainer import AsyncTrainer
@@ -171,7 +172,7 @@ class CountingTrainer(Trainer):
 class CountingAsyncTrainer(CountingTrainer, AsyncTrainer):
     """``AsyncTrainer`` with the bench's counters; keeps its queue to read it at the end."""
 
-    def _make_queue(self) -> ray.actor.ActorHandle:
+    def _make_queue(self) -> TrajectoryQueue:
         self.queue = super()._make_queue()
         return self.queue
 
@@ -242,7 +243,7 @@ async def _run(args: argparse.Namespace, mode: str) -> ModeResult:
         trainer.setup()
         try:
             history = await trainer.fit()
-            queue = await trainer.queue.metrics.remote() if mode != "sync" else None
+            queue = trainer.queue.metrics() if mode != "sync" else None
         finally:
             trainer.shutdown()
     return _result(history, queue, os.getloadavg()[1])

@@ -68,6 +68,7 @@ from rich.table import Table
 
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
+from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
@@ -240,7 +241,7 @@ class SimAsyncTrainer(Recorder, AsyncTrainer):
         super().__init__(cfg)
         self._init_recorder()
 
-    def _make_queue(self) -> ray.actor.ActorHandle:
+    def _make_queue(self) -> TrajectoryQueue:
         self.queue = super()._make_queue()
         return self.queue
 
@@ -261,13 +262,13 @@ def _cpu_by_process() -> dict[int, tuple[str, float]]:
 
 
 def _component(title: str, driver: bool) -> str | None:
+    # The trajectory queue lives in the driver: its CPU is the driver's.
     if driver:
         return "driver"
     if title.startswith("ray::"):
         actor = title.removeprefix("ray::").split(".")[0].split(" ")[0]
         for key, name in (
             ("RolloutServer", "replicas"),
-            ("TrajectoryQueue", "queue"),
             ("AgentLoopWorker", "agent_loop_workers"),
             ("ServeController", "serve_controller"),
             ("ProxyActor", "serve_proxies"),
@@ -301,7 +302,7 @@ async def _run(args: argparse.Namespace, workload: str, mode: str) -> dict[str, 
         trainer.count_in_flight()
         try:
             history = await trainer.fit()
-            queue = await trainer.queue.metrics.remote() if mode != "sync" else {}
+            queue = trainer.queue.metrics() if mode != "sync" else {}
             push_s = trainer.actor.clock.model.push_s()
         finally:
             trainer.shutdown()
