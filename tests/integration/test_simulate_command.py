@@ -62,7 +62,7 @@ def test_simulate_records_the_users_loop_and_picks_a_split(tiny_checkpoint, tmp_
         "data": {"train_files": [str(rows)], "train_batch_size": 2, "max_prompt_length": 64},
         "server": {
             "num_replicas": 1,
-            "http_port": worker_port(18791),
+            "http_port": worker_port(18775),
             "engine": {
                 "max_model_len": 1024,
                 "sim": {"response_length_median": 100, "response_length_p99": 400},
