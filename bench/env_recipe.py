@@ -45,7 +45,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentrl.testing.benchmarks import measured_code, provenance
-from agentrl.testing.recipe_bench import clustered_mean, export_checkpoint, gain
+from agentrl.testing.recipe_bench import (
+    clustered_mean,
+    export_checkpoint,
+    gain,
+    rollout_command,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "env_recipe.json"
@@ -124,20 +129,16 @@ def evaluate(work: Path, name: str, model: str | Path, split: Path) -> dict[str,
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     run(
-        [
-            str(AGENTRL),
-            "rollout",
-            str(RECIPE / "cpu.yaml"),
-            "--split",
-            "val",
-            "--out",
-            str(out),
-            f"data.val_files=[{split}]",
-            f"model.path={model}",
+        rollout_command(
+            AGENTRL,
+            RECIPE / "cpu.yaml",
+            split,
+            model,
+            out,
             "rollout.n=1",
             "rollout.temperature=0",
             f"trainer.run_dir={work / 'rollouts' / name}",
-        ],
+        ),
         work / "logs" / f"{name}.log",
     )
     summary = summarize_episodes(read_rows(out))

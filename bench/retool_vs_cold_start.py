@@ -73,6 +73,7 @@ from agentrl.testing.recipe_bench import (
     clustered_mean,
     export_checkpoint,
     gain,
+    rollout_command,
     sha256,
     weights_sha256,
 )
@@ -301,22 +302,18 @@ def evaluate(stages: Stages, name: str, model: Path, split: Path, same: dict) ->
         env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
         stages.run(
             name,
-            [
-                str(AGENTRL),
-                "rollout",
-                str(RECIPE / "cpu.yaml"),
-                "--split",
-                "val",
-                "--out",
-                str(out),
-                f"data.val_files=[{split}]",
-                f"model.path={model}",
+            rollout_command(
+                AGENTRL,
+                RECIPE / "cpu.yaml",
+                split,
+                model,
+                out,
                 f"rollout.n={same['samples']}",
                 f"rollout.temperature={same['temperature']}",
                 f"rollout.loop_timeout_s={LOOP_TIMEOUT_S:g}",
                 f"server.request_timeout_s={LOOP_TIMEOUT_S:g}",
                 f"trainer.run_dir={tmp}/run",
-            ],
+            ),
             env=env,
         )
         rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -69,3 +69,22 @@ def export_checkpoint(checkpoint: Path, base: Path | str, out: Path) -> None:
         raise SystemExit(f"{checkpoint}: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
+
+
+def rollout_command(
+    agentrl: Path, config: Path, split: Path, model: str | Path, out: Path, *overrides: str
+) -> list[str]:
+    """``agentrl rollout`` of ``model`` over the problems in ``split`` (as the validation
+    split of ``config``), the episodes written to ``out``."""
+    return [
+        str(agentrl),
+        "rollout",
+        str(config),
+        "--split",
+        "val",
+        "--out",
+        str(out),
+        f"data.val_files=[{split}]",
+        f"model.path={model}",
+        *overrides,
+    ]
