@@ -81,14 +81,14 @@ def eval_config(cfg: AgentRLConfig, checkpoint: Path) -> AgentRLConfig:
 
 
 async def _validate_checkpoint(trainer: Any, checkpoint: Path) -> dict[str, float]:
-    trainer.tracker.stop_progress()  # no training steps to show
-    extra = trainer.actor.load_checkpoint(str(checkpoint)) or {}
+    trainer.processes.tracker.stop_progress()  # no training steps to show
+    extra = trainer.processes.actor.load_checkpoint(str(checkpoint)) or {}
     trainer.step = int(extra.get("step", 0))
     # push_weights() sends the next version: the servers then hold the checkpoint's.
     trainer.version = max(int(extra.get("version", 1)), 1) - 1
     await trainer.push_weights()
     metrics = await trainer.validate()
-    trainer.tracker.log(trainer.step, metrics)
+    trainer.processes.tracker.log(trainer.step, metrics)
     return metrics
 
 

@@ -608,14 +608,14 @@ def record(cfg: AgentRLConfig) -> tuple[list[EpisodeResult], list[dict[str, floa
     own_ray = not ray.is_initialized()
     try:
         trainer.setup()
-        run = trainer.manager.run
+        run = trainer.processes.manager.run
 
         async def recorded(request: Any) -> EpisodeResult:
             result = await run(request)
             episodes.append(result)
             return result
 
-        trainer.manager.run = recorded
+        trainer.processes.manager.run = recorded
         try:
             history = asyncio.run(trainer.fit())
         finally:

@@ -62,12 +62,11 @@ from rich.table import Table
 
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
-from agentrl.rollout.episode import EpisodeResult
-from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.testing.spread import mean_sd_se
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
+from agentrl.trainer.batches import StepBatch
 from agentrl.trainer.trainer import Trainer
 
 LOGGER = logging.getLogger("bench.async_vs_sync")
@@ -128,39 +127,20 @@ class CountingTrainer(Trainer):
 
     def __init__(self, cfg: AgentRLConfig) -> None:
         super().__init__(cfg)
-        self._episode_of: dict[int, str] = {}
         self._step_counts: Counter[str] = Counter()
 
-    def _remember(self, episodes: list[EpisodeResult]) -> None:
-        for episode in episodes:
-            for output in episode.outputs:
-                self._episode_of[id(output)] = episode.episode_id
-
-    async def generate(
-        self, rows: list[dict[str, Any]]
-    ) -> tuple[list[EpisodeResult], dict[str, dict[str, Any]]]:
-        episodes, row_of = await super().generate(rows)
-        self._remember(episodes)
-        self._step_counts["generated"] += len(episodes)
-        self._step_counts["failed"] += sum(not (e.ok and e.outputs) for e in episodes)
-        return episodes, row_of
-
-    async def train_on(
-        self,
-        episodes: list[EpisodeResult],
-        row_of: dict[str, dict[str, Any]],
-        metrics: dict[str, float],
-    ) -> dict[str, float]:
-        self._remember(episodes)
-        return await super().train_on(episodes, row_of, metrics)
+    async def train_on(self, batch: StepBatch, metrics: dict[str, float]) -> dict[str, float]:
+        metrics = await super().train_on(batch, metrics)
+        # After the update: the batch holds dynamic sampling's extra groups too.
+        self._step_counts["generated"] += len(batch.episodes)
+        self._step_counts["failed"] += sum(not (e.ok and e.outputs) for e in batch.episodes)
+        return metrics
 
     def _save_samples(self, samples: list[Sample]) -> None:
         # Called with exactly the samples of an update that goes ahead.
         super()._save_samples(samples)
         self._step_counts["trained_tokens"] += sum(s.output.num_model_tokens for s in samples)
-        self._step_counts["trained_episodes"] += len(
-            {self._episode_of[id(s.output)] for s in samples}
-        )
+        self._step_counts["trained_episodes"] += len({s.episode_id for s in samples})
 
     async def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics |= {f"bench/{k}": float(v) for k, v in self._step_counts.items()}
@@ -170,11 +150,7 @@ class CountingTrainer(Trainer):
 
 
 class CountingAsyncTrainer(CountingTrainer, AsyncTrainer):
-    """``AsyncTrainer`` with the bench's counters; keeps its queue to read it at the end."""
-
-    def _make_queue(self) -> TrajectoryQueue:
-        self.queue = super()._make_queue()
-        return self.queue
+    """``AsyncTrainer`` with the bench's counters."""
 
 
 def _toy_lengths(args: argparse.Namespace) -> list[int]:
@@ -243,7 +219,7 @@ async def _run(args: argparse.Namespace, mode: str) -> ModeResult:
         trainer.setup()
         try:
             history = await trainer.fit()
-            queue = trainer.queue.metrics() if mode != "sync" else None
+            queue = trainer.batches.queue.metrics() if mode != "sync" else None
         finally:
             trainer.shutdown()
     return _result(history, queue, os.getloadavg()[1])

@@ -68,7 +68,6 @@ from rich.table import Table
 
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
-from agentrl.rollout.queue import TrajectoryQueue
 from agentrl.testing.benchmarks import measured_code, provenance
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
@@ -199,7 +198,7 @@ class Recorder:
 
     def count_in_flight(self) -> None:
         """Count the episodes running at once (every mode starts them through ``run``)."""
-        run = self.manager.run
+        run = self.processes.manager.run
 
         async def counted(request: Any) -> Any:
             self.in_flight += 1
@@ -209,7 +208,7 @@ class Recorder:
             finally:
                 self.in_flight -= 1
 
-        self.manager.run = counted
+        self.processes.manager.run = counted
 
     def _save_samples(self, samples: list[Sample]) -> None:
         super()._save_samples(samples)  # called with exactly the samples of an update
@@ -217,7 +216,7 @@ class Recorder:
         self._step_counts["trained_episodes"] += len({s.episode_id for s in samples})
 
     async def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
-        busy = sum(self.actor.clock.busy_s.values())
+        busy = sum(self.processes.actor.clock.busy_s.values())
         metrics |= {f"bench/{k}": float(v) for k, v in self._step_counts.items()}
         metrics["bench/trainer_modeled_s"] = busy - self._trainer_busy
         self._trainer_busy = busy
@@ -225,7 +224,7 @@ class Recorder:
         logged = await super()._finish_step(metrics)
         if self.step in (1, self.cfg.trainer.total_steps):
             self.snapshots.append(
-                {"replicas": await self.client.control.stats(), "cpu": _cpu_by_process()}
+                {"replicas": await self.processes.client.control.stats(), "cpu": _cpu_by_process()}
             )
         return logged | {"bench/end_s": time.perf_counter()}
 
@@ -240,10 +239,6 @@ class SimAsyncTrainer(Recorder, AsyncTrainer):
     def __init__(self, cfg: AgentRLConfig) -> None:
         super().__init__(cfg)
         self._init_recorder()
-
-    def _make_queue(self) -> TrajectoryQueue:
-        self.queue = super()._make_queue()
-        return self.queue
 
 
 def _cpu_by_process() -> dict[int, tuple[str, float]]:
@@ -302,8 +297,8 @@ async def _run(args: argparse.Namespace, workload: str, mode: str) -> dict[str, 
         trainer.count_in_flight()
         try:
             history = await trainer.fit()
-            queue = trainer.queue.metrics() if mode != "sync" else {}
-            push_s = trainer.actor.clock.model.push_s()
+            queue = trainer.batches.queue.metrics() if mode != "sync" else {}
+            push_s = trainer.processes.actor.clock.model.push_s()
         finally:
             trainer.shutdown()
     return _measure(args, history, trainer, queue, push_s)

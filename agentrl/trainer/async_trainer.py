@@ -1,6 +1,7 @@
 """``AsyncTrainer``: rollout and training overlap, bounded by the staleness rule.
 
-A producer task keeps starting episode groups whenever ``TrajectoryQueue`` allows it
+Its batches come from ``AsyncBatches``; everything else is ``Trainer``'s. A producer task
+keeps starting episode groups whenever ``TrajectoryQueue`` allows it
 (``(η + version + 1)·B − (accepted + running)``); the trainer takes complete groups,
 updates, and pushes weights while generation goes on (``pause(keep)`` holds in-flight
 requests for the swap only). η = ``trainer.max_staleness``: 0 is the synchronous loop,
@@ -31,20 +32,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agentrl.algos import DynamicSampler
-from agentrl.data.loader import RowLoader
-from agentrl.rollout.episode import EpisodeRequest, make_requests
-from agentrl.rollout.queue import SessionInbox, TrainingBatch, TrajectoryQueue, drain_inbox
+from agentrl.config import AgentRLConfig
+from agentrl.rollout.episode import EpisodeRequest
+from agentrl.rollout.manager import AgentLoopManager
+from agentrl.rollout.queue import SessionInbox, TrajectoryQueue, drain_inbox
 from agentrl.server.gateway.sink import queue_actor_name
-from agentrl.trainer.batch import Sample
-from agentrl.trainer.row_feed import RowFeed
-from agentrl.trainer.steps import sample_groups, sampled
-from agentrl.trainer.trainer import Trainer, timer
+from agentrl.trainer.batches import KeepReplicasCurrent, StepBatch
+from agentrl.trainer.ledger import RunLedger
+from agentrl.trainer.trainer import Trainer
 
 T = TypeVar("T")
 
@@ -53,67 +53,49 @@ _REPLICA_CHECK_S = 5.0
 """How often a trainer waiting for a batch checks that no replica serves old weights."""
 
 
-class AsyncTrainer(Trainer):
-    """The same steps as ``Trainer``; generation runs ahead by up to η versions."""
+class AsyncBatches:
+    """Batches from a ``TrajectoryQueue`` that a producer task fills ahead of training,
+    within the staleness rule, and, with a queue sink, the gateway's sessions."""
 
-    _feed: RowFeed | None = None
+    regenerates = False
 
-    async def train_steps(self) -> list[dict[str, float]]:
-        """The asynchronous fit loop: train on batches from the queue the producer fills."""
-        cfg = self.cfg
+    def __init__(
+        self,
+        cfg: AgentRLConfig,
+        manager: AgentLoopManager,
+        ledger: RunLedger,
+        keep_replicas_current: KeepReplicasCurrent,
+        version: int,
+    ) -> None:
+        """``version``: the weight version the replicas serve at the start."""
         if not cfg.trainer.agent_loop_episodes and queue_actor_name(cfg.gateway.sink) is None:
             raise ValueError(
                 "trainer.agent_loop_episodes=false needs episodes from somewhere: set "
                 "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
             )
-        await self.serve_restored_weights()
-        queue = self._make_queue()
-        inbox = self._make_inbox()
+        self.cfg = cfg
+        self.manager = manager
+        self.ledger = ledger
+        self.keep_replicas_current = keep_replicas_current
+        self.queue = self._make_queue(version)
+        self._inbox: ray.actor.ActorHandle | None = None
         self._gen_clock = _BusyClock()
         # What fills the queue: tasks that end only by failing, named for their error.
-        sources: dict[str, asyncio.Task] = {}
-        if cfg.trainer.agent_loop_episodes:
-            sources["producer"] = asyncio.create_task(
-                self._produce(queue), name="the rollout producer"
-            )
-        if inbox is not None:
-            sources["inbox"] = asyncio.create_task(
-                drain_inbox(inbox.take.remote, queue), name="the gateway inbox"
-            )
-        history = []
-        try:
-            await self._maybe_validate(force=True)
-            while self.step < cfg.trainer.total_steps:
-                metrics: dict[str, float] = {}
-                with timer(metrics, "step"):
-                    with timer(metrics, "wait_for_batch"):
-                        batch = await self._next_batch(queue, list(sources.values()))
-                    if batch is None:
-                        break
-                    if "producer" in sources and self.step + 1 >= cfg.trainer.total_steps:
-                        # The last batch is in hand: episodes started now would never be
-                        # trained, and would share the cores with the last update and the
-                        # final validation. Their rows stay pending in the last checkpoint.
-                        await _stop(sources.pop("producer"))
-                    metrics |= batch.metrics
-                    rows = self._feed.rows_by_group if self._feed is not None else {}
-                    metrics |= await self.train_on(batch.episodes, rows, metrics)
-                    if self._feed is not None:
-                        self._feed.done([g[0].group_id for g in batch.groups])
-                        dropped = self._feed.done(batch.dropped_group_ids)
-                        self.audit.dropped(dropped, "the queue dropped its group (stale or failed)")
-                    await queue.finish_step(self.version)
-                metrics["timing/gen"] = self._gen_clock.take()
-                history.append(await self._finish_step(metrics))
-        finally:
-            for source in sources.values():
-                await _stop(source)
-            await queue.close()
-            if inbox is not None:
-                ray.kill(inbox)  # free the name for the next run in this Ray session
-        return history
+        self._sources: dict[str, asyncio.Task] = {}
 
-    def _make_queue(self) -> TrajectoryQueue:
+    async def start(self) -> None:
+        """Start the producer (unless only gateway sessions are trained) and the inbox."""
+        if self.cfg.trainer.agent_loop_episodes:
+            self._sources["producer"] = asyncio.create_task(
+                self._produce(), name="the rollout producer"
+            )
+        self._inbox = self._make_inbox()
+        if self._inbox is not None:
+            self._sources["inbox"] = asyncio.create_task(
+                drain_inbox(self._inbox.take.remote, self.queue), name="the gateway inbox"
+            )
+
+    def _make_queue(self, version: int) -> TrajectoryQueue:
         """The driver-side queue (external sources when the gateway's sink is a queue)."""
         cfg = self.cfg
         return TrajectoryQueue(
@@ -123,7 +105,7 @@ class AsyncTrainer(Trainer):
             max_concurrency=cfg.rollout.num_workers * cfg.rollout.max_concurrent_loops,
             stale_policy=cfg.trainer.stale_policy,
             max_response_length=cfg.rollout.max_response_length,
-            version=self.version,
+            version=version,
             external_sources=queue_actor_name(cfg.gateway.sink) is not None,
         )
 
@@ -147,13 +129,18 @@ class AsyncTrainer(Trainer):
             .remote()
         )
 
-    async def _next_batch(
-        self, queue: TrajectoryQueue, sources: list[asyncio.Task]
-    ) -> TrainingBatch | None:
-        """The next batch; a source's error instead, as soon as one fails. Before and
-        while it waits, replicas that came back with old weights get the current ones."""
+    async def next_batch(self, step: int, last: bool) -> StepBatch | None:
+        """The batch of ``step``; a source's error instead, as soon as one fails. Before and
+        while it waits, replicas that came back with old weights get the current ones.
+
+        With ``last``, the producer stops once the batch is in hand: episodes started
+        then would never be trained, and would share the cores with the last update and
+        the final validation. Their rows stay pending in the last checkpoint."""
         await self.keep_replicas_current()
-        get = asyncio.ensure_future(queue.get_batch(timeout_s=self.cfg.trainer.batch_timeout_s))
+        sources = list(self._sources.values())
+        get = asyncio.ensure_future(
+            self.queue.get_batch(timeout_s=self.cfg.trainer.batch_timeout_s)
+        )
         while True:
             done, _ = await asyncio.wait(
                 {get, *sources}, timeout=_REPLICA_CHECK_S, return_when=FIRST
@@ -166,24 +153,42 @@ class AsyncTrainer(Trainer):
             failed = next(task for task in sources if task.done())
             error = failed.exception()
             raise RuntimeError(
-                f"{failed.get_name()} failed at step {self.step + 1}: "
-                f"{type(error).__name__}: {error}"
+                f"{failed.get_name()} failed at step {step}: {type(error).__name__}: {error}"
             ) from error
-        return await get
+        batch = await get
+        if batch is None:
+            return None
+        if last and "producer" in self._sources:
+            await _stop(self._sources.pop("producer"))
+        return StepBatch(
+            batch.episodes,
+            self.ledger.rows_by_group,
+            [group[0].group_id for group in batch.groups],
+            batch.dropped_group_ids,
+            batch.metrics,
+        )
 
-    async def informative(self, samples: list[Sample], metrics: dict[str, float]) -> list[Sample]:
-        """Dynamic sampling drops uninformative groups; the producer never regenerates."""
-        groups = len({s.group_id for s in samples})
-        sampler: DynamicSampler[list[Sample]] = DynamicSampler(num_groups=max(groups, 1))
-        sample_groups(sampler, samples)
-        return sampled(sampler, metrics)
+    async def more(self) -> None:
+        """The producer never generates for a particular step."""
+        return None
 
-    async def _produce(self, queue: TrajectoryQueue) -> None:
+    async def step_done(self, version: int) -> dict[str, float]:
+        """The step's batch frees its slots; generation may run ``η`` versions ahead of
+        ``version``."""
+        await self.queue.finish_step(version)
+        return {"timing/gen": self._gen_clock.take()}
+
+    async def close(self) -> None:
+        for source in self._sources.values():
+            await _stop(source)
+        await self.queue.close()
+        if self._inbox is not None:
+            ray.kill(self._inbox)  # free the name for the next run in this Ray session
+
+    async def _produce(self) -> None:
         """Start groups as the staleness rule allows; put each episode when it finishes.
 
         Raises the first error of an episode task (a failed episode is not an error)."""
-        assert self._feed is not None
-        clock = self._gen_clock
         failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         episodes: set[asyncio.Task] = set()
 
@@ -195,25 +200,19 @@ class AsyncTrainer(Trainer):
         try:
             while True:
                 allowed = await _unless_failed(
-                    queue.acquire(self.cfg.data.train_batch_size), failure
+                    self.queue.acquire(self.cfg.data.train_batch_size), failure
                 )
                 if not allowed:  # the queue closed
                     return
                 for _ in range(allowed):
-                    index, row = self._feed.next_row()
-                    group = make_requests(
-                        [row],
-                        self.cfg.rollout.n,
-                        self.manager.default_sampling(),
-                        first_row_index=index,
+                    group = self.ledger.next_group(
+                        self.cfg.rollout.n, self.manager.default_sampling()
                     )
-                    self._feed.start(group[0].group_id, index, row)
-                    self.audit.handed_out(index, group[0].group_id)
                     for request in group:
-                        task = asyncio.create_task(self._run_one(request, queue))
+                        task = asyncio.create_task(self.run_one(request))
                         episodes.add(task)
                         task.add_done_callback(watch)
-                        clock.track(task)
+                        self._gen_clock.track(task)
         finally:
             for task in episodes:
                 task.cancel()
@@ -221,32 +220,22 @@ class AsyncTrainer(Trainer):
             if failure.done():
                 failure.exception()  # raised above already; mark it retrieved
 
-    async def _run_one(self, request: EpisodeRequest, queue: TrajectoryQueue) -> None:
-        await queue.put(await self.manager.run(request))
+    async def run_one(self, request: EpisodeRequest) -> None:
+        """Run one episode and put it in the queue, failed or not."""
+        await self.queue.put(await self.manager.run(request))
 
-    # -- data position -----------------------------------------------------------------
 
-    def _row_loader(self) -> RowLoader | None:
-        loader = super()._row_loader()
-        self._feed = RowFeed(loader) if loader is not None else None
-        return loader
+class AsyncTrainer(Trainer):
+    """The same steps as ``Trainer``; generation runs ahead by up to η versions."""
 
-    def _data_state(self) -> dict[str, Any]:
-        return {"row_feed": self._feed.state_dict() if self._feed is not None else None}
-
-    def _pending_rows(self) -> list[int]:
-        if self._feed is None:
-            return []
-        return [index for index, _ in self._feed.state_dict()["pending"]]
-
-    def _load_data_state(self, extra: dict[str, Any]) -> None:
-        if self._feed is None:
-            return
-        if extra.get("row_feed") is not None:
-            self._feed.load_state_dict(extra["row_feed"])
-        elif extra.get("loader") is not None:  # a synchronous run's checkpoint
-            super()._load_data_state(extra)
-            self._feed = RowFeed(self.loader, next_index=self.loader.rows_drawn)
+    def make_batch_source(self) -> AsyncBatches:
+        return AsyncBatches(
+            self.cfg,
+            self.processes.manager,
+            self.ledger,
+            self.keep_replicas_current,
+            self.version,
+        )
 
 
 async def _unless_failed(awaitable: Awaitable[T], failure: asyncio.Future[None]) -> T:

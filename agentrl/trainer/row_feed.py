@@ -1,4 +1,4 @@
-"""``RowFeed``: the async producer's dataset rows, resumable with none skipped or repeated.
+"""``RowFeed``: a run's dataset rows, resumable with none skipped or repeated.
 
 The asynchronous producer draws rows ahead of training: when a checkpoint is written,
 some rows have been started but not trained yet (running, or finished and waiting in the
@@ -39,6 +39,11 @@ class RowFeed:
         self._started: dict[str, tuple[int, Row]] = {}
         self.done_indices: list[int] = []
         """Row indices whose group was trained or dropped, in that order (this process)."""
+
+    @property
+    def loader(self) -> RowLoader:
+        """The loader new rows come from."""
+        return self._loader
 
     def next_row(self) -> tuple[int, Row]:
         """The next row and its index: rows to hand out again first, then new ones."""

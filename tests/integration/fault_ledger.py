@@ -105,8 +105,8 @@ class Ledger:
         before: set[int] = set()
         if resumed_from is not None:
             before = set(range(resumed_from["next_index"])) - _pending(resumed_from)
-        done = trainer._feed.done_indices
-        final = trainer._feed.state_dict()
+        done = trainer.ledger.feed.done_indices
+        final = trainer.ledger.feed.state_dict()
         self.rows_duplicated += len(done) - len(set(done)) + len(before & set(done))
         self.rows_lost += final["next_index"] - len(before | set(done) | _pending(final))
 
@@ -151,8 +151,8 @@ class OptimizerLedger:
     _row_of_group: dict[str, int] = field(default_factory=dict)
 
     def attach(self, trainer: AsyncTrainer) -> None:
-        feed, actor = trainer._feed, trainer.actor
-        next_row, run_one, next_batch = feed.next_row, trainer._run_one, trainer._next_batch
+        feed, actor, batches = trainer.ledger.feed, trainer.processes.actor, trainer.batches
+        next_row, run_one, next_batch = feed.next_row, batches.run_one, batches.next_batch
         train_on, update_actor = trainer.train_on, actor.update_actor
         step_rows: set[int] = set()
 
@@ -161,20 +161,20 @@ class OptimizerLedger:
             self.handed_out.append(index)
             return index, row
 
-        async def recording_run_one(request: Any, queue: Any) -> None:
+        async def recording_run_one(request: Any) -> None:
             self._row_of_group[request.group_id] = request.row_index
-            await run_one(request, queue)
+            await run_one(request)
 
-        async def recording_next_batch(*args: Any) -> Any:
-            batch = await next_batch(*args)
+        async def recording_next_batch(*args: Any, **kwargs: Any) -> Any:
+            batch = await next_batch(*args, **kwargs)
             if batch is not None:
                 self.dropped.update(self._row_of_group[g] for g in batch.dropped_group_ids)
             return batch
 
-        async def recording_train_on(episodes: list, *args: Any) -> dict[str, float]:
+        async def recording_train_on(batch: Any, *args: Any) -> dict[str, float]:
             step_rows.clear()
-            step_rows.update(e.row_index for e in episodes)
-            return await train_on(episodes, *args)
+            step_rows.update(e.row_index for e in batch.episodes)
+            return await train_on(batch, *args)
 
         def recording_update_actor(*args: Any, **kwargs: Any) -> dict[str, float]:
             metrics = update_actor(*args, **kwargs)
@@ -182,8 +182,8 @@ class OptimizerLedger:
             self.updated_at.append(time.monotonic())
             return metrics
 
-        feed.next_row, trainer._run_one = recording_next_row, recording_run_one
-        trainer._next_batch, trainer.train_on = recording_next_batch, recording_train_on
+        feed.next_row, batches.run_one = recording_next_row, recording_run_one
+        batches.next_batch, trainer.train_on = recording_next_batch, recording_train_on
         actor.update_actor = recording_update_actor
 
     def seconds_to_update_after(self, moment: float) -> float | None:
@@ -197,7 +197,7 @@ class OptimizerLedger:
         handed out and none of those. (The saved state's pending rows also hold rows read
         from the data but not handed out yet; those are not counted.)"""
         handed, trained = set(self.handed_out), set(self.trained)
-        pending = _pending(last._feed.state_dict()) & handed
+        pending = _pending(last.ledger.feed.state_dict()) & handed
         lost = handed - trained - self.dropped - pending
         return {
             "rows_handed_out": len(handed),

@@ -79,10 +79,10 @@ async def _replica_versions_once_all_are_back(trainer: AsyncTrainer, count: int)
     """The replicas' weight versions, once ``count`` run again and the trainer's check has
     run (what it does between steps and while it waits for a batch)."""
     async with asyncio.timeout(180):
-        while len(await trainer.client.control.stats()) < count:
+        while len(await trainer.processes.client.control.stats()) < count:
             await asyncio.sleep(1)
     await trainer.keep_replicas_current()
-    return [s["weight_version"] for s in await trainer.client.control.stats()]
+    return [s["weight_version"] for s in await trainer.processes.client.control.stats()]
 
 
 def _every_batch_episode_is_trained_or_counted(ledger: Ledger, cfg, steps: int) -> None:
@@ -143,13 +143,13 @@ async def _fit_and_kill(
 def _record_rows_handed_out(trainer: AsyncTrainer) -> list[tuple[int, dict]]:
     """Every (index, row) the trainer's feed hands out from now on, in order."""
     handed_out: list[tuple[int, dict]] = []
-    next_row = trainer._feed.next_row
+    next_row = trainer.ledger.feed.next_row
 
     def recording_next_row():
         handed_out.append(next_row())
         return handed_out[-1]
 
-    trainer._feed.next_row = recording_next_row
+    trainer.ledger.feed.next_row = recording_next_row
     return handed_out
 
 
@@ -179,7 +179,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     optimizer.attach(first)
     try:
         ledger.add_run(await first.fit())
-        untrained = [index for index, _ in first._feed.state_dict()["pending"]]
+        untrained = [index for index, _ in first.ledger.feed.state_dict()["pending"]]
     finally:
         first.shutdown()
     assert untrained, "the producer ran ahead: some rows were started and not trained"
@@ -190,7 +190,7 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     started = fault_injected(record_property)  # the first run stopped: resumed from here
     second.setup()
     optimizer.attach(second)
-    resumed_from = second._feed.state_dict()
+    resumed_from = second.ledger.feed.state_dict()
     handed_out = _record_rows_handed_out(second)
     try:
         assert (second.step, second.version) == (2, 2)
@@ -215,10 +215,10 @@ async def test_a_resumed_async_run_serves_its_weights_and_trains_every_row_once(
     assert probed
     assert max(h["mismatch/mismatch_kl"] for h in probed) < 1e-3, probed
     # The rows the first run started and did not train were handed out again first.
-    assert set(untrained) <= set(second._feed.done_indices) | {
-        index for index, _ in second._feed.state_dict()["pending"]
+    assert set(untrained) <= set(second.ledger.feed.done_indices) | {
+        index for index, _ in second.ledger.feed.state_dict()["pending"]
     }
-    assert not set(first._feed.done_indices) & set(second._feed.done_indices)
+    assert not set(first.ledger.feed.done_indices) & set(second.ledger.feed.done_indices)
 
 
 async def test_a_killed_agent_loop_worker_s_episodes_run_again_and_the_run_completes(
@@ -297,7 +297,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         "server.engine.weight_swap=inplace",
         "plugins=[agentrl.testing.faults]",
     )
-    swap_weights = trainer.client.control.swap_weights
+    swap_weights = trainer.processes.client.control.swap_weights
     paused_dir = tmp / "paused"
     paused_dir.mkdir()
     killed: list[float] = []
@@ -315,7 +315,7 @@ async def test_a_replica_killed_during_a_weight_push_is_left_out_and_caught_up(
         os.kill(int(paused[0].name), signal.SIGKILL)
         return await swap
 
-    trainer.client.control.swap_weights = swap_and_kill
+    trainer.processes.client.control.swap_weights = swap_and_kill
     optimizer.attach(trainer)
     try:
         history = await asyncio.wait_for(trainer.fit(), 600)
@@ -463,7 +463,7 @@ async def test_a_killed_training_rank_stops_the_run_with_a_clear_error_and_it_re
     resumed = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     resumed.setup()
     optimizer.attach(resumed)
-    resumed_from = resumed._feed.state_dict()
+    resumed_from = resumed.ledger.feed.state_dict()
     handed_out = _record_rows_handed_out(resumed)
     try:
         first_step = resumed.step
@@ -490,7 +490,7 @@ async def test_a_failing_producer_stops_the_run_with_its_error(
     extra = [*ASYNC, "server.engine.backend=hf"]
     trainer = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps=4, extra=extra))
     trainer.setup()
-    feed = trainer._feed
+    feed = trainer.ledger.feed
     next_row = feed.next_row
     handed_out = 0
 

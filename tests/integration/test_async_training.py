@@ -66,7 +66,7 @@ async def test_one_step_off_policy_run_learns_and_loses_no_episode(
     last = history[-1]
     batch_episodes = cfg.data.train_batch_size * cfg.rollout.n
     assert [h["trainer/episodes"] for h in history] == [batch_episodes] * steps
-    assert len(trainer.trained_episodes) == steps * batch_episodes
+    assert len(trainer.ledger.trained_episodes) == steps * batch_episodes
     dropped = last.get("async/dropped_stale", 0) + last.get("async/dropped_group_episodes", 0)
     pending = last["async/episodes_in"] - last["async/episodes_out"] - dropped
     assert pending >= 0

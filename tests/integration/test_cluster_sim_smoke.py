@@ -53,7 +53,7 @@ async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_chec
     trainer.setup()
     try:
         history = await trainer.fit()
-        replicas = await trainer.client.control.stats()
+        replicas = await trainer.processes.client.control.stats()
     finally:
         trainer.shutdown()
     wall = time.perf_counter() - start

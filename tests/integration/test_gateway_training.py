@@ -178,10 +178,10 @@ async def test_sessions_finished_while_the_queue_is_unreachable_are_trained_once
         ledger.add_run(history)
         ledger.completed = len(history) == 2
         trained = int(sum(h["trainer/episodes"] for h in history))
-        ledger.rows_lost = len(set(sessions) - trainer.trained_episodes)
-        ledger.rows_duplicated = trained - len(trainer.trained_episodes)
+        ledger.rows_lost = len(set(sessions) - trainer.ledger.trained_episodes)
+        ledger.rows_duplicated = trained - len(trainer.ledger.trained_episodes)
         ledger.record(record_property)
-        assert trainer.trained_episodes == set(sessions)
+        assert trainer.ledger.trained_episodes == set(sessions)
         assert [h["trainer/episodes"] for h in history] == [2.0, 2.0]
         assert all(h["rollout/external_episodes"] == 2 for h in history)
         assert all(h["reward/score/mean"] == 0.5 for h in history)

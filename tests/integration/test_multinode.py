@@ -54,9 +54,9 @@ async def test_training_job_spreads_fsdp_ranks_over_both_nodes(
     trainer = Trainer(cfg)
     trainer.setup()
     try:
-        placement = trainer.actor.placement
+        placement = trainer.processes.actor.placement
         bundle_nodes = placement.node_ids()
-        rank_nodes = [_node_of(actor) for actor in trainer.actor.actors]
+        rank_nodes = [_node_of(actor) for actor in trainer.processes.actor.actors]
         history = await trainer.fit()
     finally:
         trainer.shutdown()

@@ -86,7 +86,7 @@ def _replica_nodes() -> list[str]:
 
 
 def _worker_nodes(trainer: AsyncTrainer) -> list[str]:
-    return [_node_of(worker) for worker in trainer.manager._pool.actors]
+    return [_node_of(worker) for worker in trainer.processes.manager._pool.actors]
 
 
 async def test_a_lost_worker_node_s_replica_and_episodes_move_to_the_head(
@@ -166,7 +166,7 @@ async def test_a_lost_fsdp_rank_node_stops_the_run_naming_it_and_it_resumes(
     cluster.wait_for_nodes(2, timeout_s=120)
     resumed = AsyncTrainer(toy_config(tiny_checkpoint, tmp, steps, overrides))
     resumed.setup()
-    resumed_from = resumed._feed.state_dict()
+    resumed_from = resumed.ledger.feed.state_dict()
     optimizer.attach(resumed)
     try:
         first_step = resumed.step

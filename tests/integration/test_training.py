@@ -106,9 +106,9 @@ async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_criti
     trainer = Trainer(toy_config(tiny_checkpoint, tmp, steps=2, extra=extra))
     trainer.setup()
     try:
-        initial_values = trainer.critic.compute_values(probe)["values"]
+        initial_values = trainer.processes.critic.compute_values(probe)["values"]
         history = await trainer.fit()
-        trained_values = trainer.critic.compute_values(probe)["values"]
+        trained_values = trainer.processes.critic.compute_values(probe)["values"]
         beta = trainer.kl_controller.value
     finally:
         trainer.shutdown()
@@ -131,7 +131,9 @@ async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_criti
     resumed.setup()
     try:
         assert resumed.step == 2 and resumed.kl_controller.value == beta
-        torch.testing.assert_close(resumed.critic.compute_values(probe)["values"], trained_values)
+        torch.testing.assert_close(
+            resumed.processes.critic.compute_values(probe)["values"], trained_values
+        )
         more = await resumed.fit()
     finally:
         resumed.shutdown()
@@ -166,7 +168,7 @@ async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resume
     first.setup()
     try:
         await first.fit()
-        loader_state = first.loader.state_dict()
+        data_state = first.ledger.state_dict()
     finally:
         first.shutdown()
     run = tmp / "run"
@@ -186,7 +188,7 @@ async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resume
     second.setup()
     try:
         assert (second.step, second.version) == (2, 2)
-        assert second.loader.state_dict() == loader_state
+        assert second.ledger.state_dict() == data_state
         history = await second.fit()
     finally:
         second.shutdown()

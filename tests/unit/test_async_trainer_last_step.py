@@ -3,7 +3,7 @@
 Before, the producer ran until the loop's ``finally``: during the last update and the
 final validation it generated up to a batch of episodes that no step would train, on
 the cores that update and validation share. The producer and the queue are
-stand-ins here; the loop that decides when to stop the producer is the real one.
+stand-ins here; the fit loop and the batch source that stop the producer are real.
 """
 
 from __future__ import annotations
@@ -15,28 +15,30 @@ from types import SimpleNamespace
 import pytest
 
 from agentrl.config import load_config
-from agentrl.trainer.async_trainer import AsyncTrainer
+from agentrl.trainer.async_trainer import AsyncBatches, AsyncTrainer
 
 
 def _batch() -> SimpleNamespace:
     return SimpleNamespace(metrics={}, episodes=[], groups=[], dropped_group_ids=[])
 
 
+async def nothing(*args, **kwargs) -> None:
+    return None
+
+
 def _run(tmp_path: Path, total_steps: int) -> list[tuple[str, int]]:
     """Runs ``AsyncTrainer.train_steps`` for ``total_steps``: the recorded events."""
     cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"trainer.total_steps={total_steps}"])
     trainer = AsyncTrainer(cfg)
+    trainer.batches = batches = AsyncBatches(cfg, None, trainer.ledger, nothing, version=0)
     events: list[tuple[str, int]] = []
-
-    async def nothing(*args, **kwargs) -> None:
-        return None
 
     async def get_batch(*args, **kwargs) -> SimpleNamespace:
         return _batch()
 
     queue = SimpleNamespace(get_batch=get_batch, finish_step=nothing, close=nothing)
 
-    async def produce(_queue) -> None:
+    async def produce() -> None:
         try:
             await asyncio.Event().wait()
         finally:
@@ -51,10 +53,9 @@ def _run(tmp_path: Path, total_steps: int) -> list[tuple[str, int]]:
         return metrics
 
     trainer.serve_restored_weights = nothing
-    trainer.keep_replicas_current = nothing
     trainer._maybe_validate = nothing
-    trainer._make_queue = lambda: queue
-    trainer._produce = produce
+    batches.queue = queue
+    batches._produce = produce
     trainer.train_on = train_on
     trainer._finish_step = finish_step
     asyncio.run(trainer.train_steps())

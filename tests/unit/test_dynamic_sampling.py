@@ -15,8 +15,9 @@ import pytest
 from agentrl.config import load_config
 from agentrl.core.trajectory import AgentLoopOutput
 from agentrl.trainer import trainer as trainer_module
-from agentrl.trainer.async_trainer import AsyncTrainer
+from agentrl.trainer.async_trainer import AsyncBatches, AsyncTrainer
 from agentrl.trainer.batch import Sample
+from agentrl.trainer.batches import StepBatch
 from agentrl.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.asyncio
@@ -31,9 +32,19 @@ def group(scores: list[float]) -> list[Sample]:
     return [Sample(output=output, group_id=group_id, score=s) for s in scores]
 
 
-class _Loader:
-    def next_batch(self) -> list[dict]:
-        return []
+class ScriptedBatches:
+    """A regenerating batch source whose every batch is the next scripted list of
+    "episodes" (each a list of scores: one group once scored)."""
+
+    regenerates = True
+
+    def __init__(self, batches: list[list[list[float]]]) -> None:
+        self.batches = iter(batches)
+        self.generated = 0
+
+    async def more(self) -> StepBatch:
+        self.generated += 1
+        return StepBatch(next(self.batches), {}, [])
 
 
 class ScriptedTrainer(Trainer):
@@ -41,15 +52,16 @@ class ScriptedTrainer(Trainer):
 
     def __init__(self, batches: list[list[list[float]]], overrides: list[str]) -> None:
         super().__init__(load_config(None, overrides))
-        self.batches = iter(batches)
-        self.generated = 0
-        self.loader = _Loader()
-        self.rewards = None
+        self.batches = ScriptedBatches(batches)
         self.tokenizer = None
 
-    async def generate(self, rows):
-        self.generated += 1
-        return next(self.batches), {}
+    @property
+    def generated(self) -> int:
+        return self.batches.generated
+
+
+def step_batch() -> StepBatch:
+    return StepBatch([], {}, [])
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +86,7 @@ async def test_sync_trainer_generates_until_the_batch_is_full_and_drops_surplus_
     first = group([1, 1]) + group([0, 1]) + group([0, 0])
     trainer = ScriptedTrainer([[[0, 0], [1, 0], [1, 1], [0, 1], [1, 0]]], overrides(3, 5))
     metrics: dict[str, float] = {}
-    kept = await trainer.informative(first, metrics)
+    kept = await trainer.informative(first, metrics, step_batch())
     # Group 2 of the first batch, then the first two informative groups of the second.
     assert [s.score for s in kept] == [0, 1, 1, 0, 0, 1]
     assert len({s.group_id for s in kept}) == 3
@@ -89,7 +101,7 @@ async def test_sync_trainer_stops_at_the_generation_budget_with_a_warning(caplog
     trainer = ScriptedTrainer([[[0, 0]], [[1, 1]], [[0, 1]]], overrides(2, 3))
     metrics: dict[str, float] = {}
     with caplog.at_level(logging.WARNING, logger="agentrl.trainer.trainer"):
-        kept = await trainer.informative(first, metrics)
+        kept = await trainer.informative(first, metrics, step_batch())
     # Budget 3: the first batch and two more, the third scripted batch never generated.
     assert trainer.generated == 2
     assert [s.score for s in kept] == [0, 1]
@@ -99,18 +111,20 @@ async def test_sync_trainer_stops_at_the_generation_budget_with_a_warning(caplog
 
 async def test_sync_trainer_does_not_generate_when_the_first_batch_is_enough():
     trainer = ScriptedTrainer([], overrides(1, 2))
-    kept = await trainer.informative(group([0, 1]) + group([1, 0]), {})
+    kept = await trainer.informative(group([0, 1]) + group([1, 0]), {}, step_batch())
     assert trainer.generated == 0
     assert [s.score for s in kept] == [0, 1]
 
 
 async def test_async_trainer_filters_flat_groups_without_generating():
-    trainer = AsyncTrainer(load_config(None, overrides(4, 1)))
+    cfg = load_config(None, overrides(4, 1))
+    trainer = AsyncTrainer(cfg)
+    trainer.batches = AsyncBatches(cfg, None, trainer.ledger, None, version=0)
     samples = group([1, 1]) + group([0, 1]) + group([0.5, 0.5]) + group([1])
     metrics: dict[str, float] = {}
-    kept = await trainer.informative(samples, metrics)
+    kept = await trainer.informative(samples, metrics, step_batch())
     # The single-sample group is kept: its raw score is its advantage.
     assert [s.score for s in kept] == [0, 1, 1]
     assert metrics["dapo/num_groups_filtered"] == 2
     assert metrics["dapo/num_gen_batches"] == 1
-    assert await trainer.informative([], {}) == []
+    assert await trainer.informative([], {}, step_batch()) == []

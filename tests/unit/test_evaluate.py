@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -29,7 +30,7 @@ class FakeActor:
 
 
 class FakeTrainer:
-    """The public surface ``evaluate`` uses: setup, actor, push_weights, validate, ..."""
+    """The public surface ``evaluate`` uses: setup, processes, push_weights, validate, ..."""
 
     made: ClassVar[list[FakeTrainer]] = []
     fail_validation = False
@@ -43,8 +44,10 @@ class FakeTrainer:
 
     def setup(self):
         self.calls.append("setup")
-        self.actor = FakeActor(self)
-        self.tracker = MetricsLogger(self.cfg.trainer.run_dir, tensorboard=False, progress=False)
+        self.processes = SimpleNamespace(
+            actor=FakeActor(self),
+            tracker=MetricsLogger(self.cfg.trainer.run_dir, tensorboard=False, progress=False),
+        )
 
     async def push_weights(self):
         self.version += 1
@@ -59,7 +62,7 @@ class FakeTrainer:
 
     def shutdown(self):
         self.calls.append("shutdown")
-        self.tracker.close()
+        self.processes.tracker.close()
 
 
 @pytest.fixture

@@ -35,9 +35,9 @@ class _Sync:
 
 def _trainer(versions: list[int], version: int, lost: bool = False) -> Trainer:
     trainer = Trainer(load_config(None, []))
-    trainer.version, trainer.actor = version, object()
-    trainer.client = SimpleNamespace(control=_Client(versions))
-    trainer.sync = _Sync(trainer.client.control, lost)
+    trainer.version, trainer.processes.actor = version, object()
+    trainer.processes.client = SimpleNamespace(control=_Client(versions))
+    trainer.processes.sync = _Sync(trainer.processes.client.control, lost)
     return trainer
 
 
@@ -45,8 +45,8 @@ async def test_a_replica_with_old_weights_gets_the_current_version_once():
     trainer = _trainer([3, 0], version=3)
     await trainer.keep_replicas_current()
     await trainer.keep_replicas_current()
-    assert trainer.sync.pushes == [3]
-    assert trainer.client.control.versions == [3, 3]
+    assert trainer.processes.sync.pushes == [3]
+    assert trainer.processes.client.control.versions == [3, 3]
 
 
 async def test_current_replicas_and_the_initial_version_push_nothing():
@@ -54,7 +54,7 @@ async def test_current_replicas_and_the_initial_version_push_nothing():
     await current.keep_replicas_current()
     initial = _trainer([0], version=0)
     await initial.keep_replicas_current()
-    assert current.sync.pushes == initial.sync.pushes == []
+    assert current.processes.sync.pushes == initial.processes.sync.pushes == []
 
 
 async def test_a_replica_that_never_takes_the_weights_stops_the_run_with_its_id():
@@ -63,7 +63,7 @@ async def test_a_replica_that_never_takes_the_weights_stops_the_run_with_its_id(
         await trainer.keep_replicas_current()
     with pytest.raises(RuntimeError, match=r"replicas \{'r1': 1\} still serve .* after 3 pushes"):
         await trainer.keep_replicas_current()
-    assert trainer.sync.pushes == [5, 5, 5]
+    assert trainer.processes.sync.pushes == [5, 5, 5]
 
 
 class _OwnedClient:
@@ -83,7 +83,7 @@ class _OwnedClient:
 @pytest.mark.parametrize("fails", [False, True])
 async def test_fit_owns_the_rollout_client_so_the_steps_need_not_close_it(fails, monkeypatch):
     trainer = Trainer(load_config(None, []))
-    trainer.client = client = _OwnedClient()
+    trainer.processes.client = client = _OwnedClient()
     saved = []
 
     async def train_steps() -> list[dict[str, float]]:

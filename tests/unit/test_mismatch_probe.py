@@ -89,9 +89,9 @@ def _trainer(shift: float, rows: int) -> Trainer:
     )
     trainer = Trainer(cfg)
     trainer.version = 4
-    trainer.client = SimpleNamespace(data=_Client(trainer.version))
-    trainer.actor = _Actor(shift)
-    trainer.manager = SimpleNamespace(default_sampling=SamplingParams)
+    trainer.processes.client = SimpleNamespace(data=_Client(trainer.version))
+    trainer.processes.actor = _Actor(shift)
+    trainer.processes.manager = SimpleNamespace(default_sampling=SamplingParams)
     trainer.tokenizer = SimpleNamespace(pad_token_id=0)
     return trainer
 
@@ -114,8 +114,8 @@ async def test_the_probe_scores_fresh_answers_of_the_pushed_version_only():
     metrics = await trainer.probe_mismatch(_samples([[10], [11], [12], [13]]))
     # One request per row, the groups' prompts in turn; the failed one and the answer of
     # the replica that missed the push are left out, the rest scored by the actor.
-    assert trainer.client.data.prompts == [[10], [11], [12], [13], [10], [11]]
-    assert trainer.actor.batches[0]["input_ids"][:, 0].tolist() == [10, 11, 10, 11]
+    assert trainer.processes.client.data.prompts == [[10], [11], [12], [13], [10], [11]]
+    assert trainer.processes.actor.batches[0]["input_ids"][:, 0].tolist() == [10, 11, 10, 11]
     assert metrics["mismatch/probe_tokens"] == 12.0
     assert metrics["mismatch/mismatch_kl"] == 0.0
     assert (await _trainer(shift=-0.2, rows=6).probe_mismatch(_samples([[10]])))[
@@ -126,8 +126,8 @@ async def test_the_probe_scores_fresh_answers_of_the_pushed_version_only():
 async def test_the_probe_asks_one_answer_per_rank_at_least_and_skips_when_too_few():
     trainer = _trainer(shift=0.0, rows=1)
     assert "mismatch/mismatch_kl" in await trainer.probe_mismatch(_samples([[10]]))
-    assert trainer.client.data.prompts == [[10], [10]]
+    assert trainer.processes.client.data.prompts == [[10], [10]]
     # Only one usable answer for two ranks: no probe this step, and no error.
     lagging = _trainer(shift=0.0, rows=1)
     assert await lagging.probe_mismatch(_samples([[10], [12]])) == {}
-    assert lagging.actor.batches == []
+    assert lagging.processes.actor.batches == []

@@ -4,16 +4,18 @@ rolled back to their checkpoint), counted by ``agentrl audit``."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from agentrl.cli import main
 from agentrl.config import load_config
+from agentrl.core.types import SamplingParams
 from agentrl.data.loader import RowLoader
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.audit import AUDIT_FILE, AuditError, RowAudit, read_row_audit
+from agentrl.trainer.ledger import RunLedger
 from agentrl.trainer.row_feed import RowFeed
-from agentrl.trainer.trainer import Trainer
 
 
 def first_run(tmp_path, killed_after_checkpoint: bool = False) -> RowAudit:
@@ -180,23 +182,19 @@ def test_a_driver_killed_right_after_a_checkpoint_is_written_can_be_replayed(tmp
     the run resumed from it must find the checkpoint's event in the audit."""
     cfg = load_config(None, [f"trainer.run_dir={tmp_path}", "data.train_batch_size=2"])
     trainer = AsyncTrainer(cfg)
-    trainer.loader = RowLoader([{"n": i} for i in range(6)], 2, shuffle=False)
-    trainer._feed = RowFeed(trainer.loader)
-    trainer.actor = _ActorKilledAfterSaving()
-    trainer.audit = RowAudit(tmp_path, resumed_from=None)
-    for group in ("g0", "g1", "g2"):
-        index, row = trainer._feed.next_row()
-        trainer._feed.start(group, index, row)
-        trainer.audit.handed_out(index, group)
-    trainer._feed.done(["g0"])
-    trainer.audit.trained(1, [0], ["e0"])
-    trainer._feed.done(["g1"])
-    trainer.audit.dropped([1], "stale")
+    trainer.ledger = ledger = RunLedger(tmp_path, RowLoader([{"n": i} for i in range(6)], 2))
+    trainer.processes.actor = _ActorKilledAfterSaving()
+    ledger.open(resumed_from=None)
+    sampling = SamplingParams()
+    groups = [ledger.next_group(1, sampling)[0] for _ in range(3)]
+    ledger.trained(1, [groups[0].row_index], ["e0"])
+    ledger.settle([groups[0].group_id])
+    ledger.settle([], [groups[1].group_id])
     trainer.step = 1
     with pytest.raises(_Killed):
         trainer.save_checkpoint()
-    assert trainer.actor.saved == [str(tmp_path / "checkpoints" / "step_1")]
-    trainer.audit.close()
+    assert trainer.processes.actor.saved == [str(tmp_path / "checkpoints" / "step_1")]
+    ledger.close()
 
     resumed = RowAudit(tmp_path, resumed_from=1)  # what the rerun's setup writes
     resumed.handed_out(2, "g2b")  # the checkpoint's pending row, handed out again
@@ -234,16 +232,25 @@ def _async_checkpoint(rows: list[dict], done: int) -> dict:
 def test_a_synchronous_run_continues_an_asynchronous_checkpoint_s_data_order():
     """Not from row 0 again (every row trained twice, and the audit says so)."""
     rows = [{"n": i} for i in range(10)]
-    trainer = Trainer(load_config(None, ["data.train_batch_size=2"]))
-    trainer.loader = RowLoader(rows, 2, shuffle=False)
-    trainer._load_data_state(_async_checkpoint(rows, done=4))
-    assert trainer.loader.rows_drawn == 4
-    assert trainer.loader.next_batch() == [{"n": 4}, {"n": 5}]
+    ledger = RunLedger(Path("unused"), RowLoader(rows, 2, shuffle=False))
+    ledger.load_state_dict(_async_checkpoint(rows, done=4))
+    assert [ledger.feed.next_row() for _ in range(2)] == [(4, {"n": 4}), (5, {"n": 5})]
 
 
-def test_a_synchronous_run_refuses_an_asynchronous_checkpoint_with_rows_in_flight():
+def test_a_synchronous_run_hands_out_an_asynchronous_checkpoint_s_rows_in_flight_first():
     rows = [{"n": i} for i in range(10)]
-    trainer = Trainer(load_config(None, ["data.train_batch_size=2"]))
-    trainer.loader = RowLoader(rows, 2, shuffle=False)
-    with pytest.raises(ValueError, match=r"2 rows started.*without --sync"):
-        trainer._load_data_state(_async_checkpoint(rows, done=2))
+    ledger = RunLedger(Path("unused"), RowLoader(rows, 2, shuffle=False))
+    ledger.load_state_dict(_async_checkpoint(rows, done=2))
+    handed_out = [ledger.feed.next_row() for _ in range(4)]
+    assert handed_out == [(2, {"n": 2}), (3, {"n": 3}), (4, {"n": 4}), (5, {"n": 5})]
+
+
+def test_a_checkpoint_of_the_loader_position_continues_after_its_rows():
+    """Checkpoints the synchronous trainer wrote before it used the feed."""
+    rows = [{"n": i} for i in range(10)]
+    old = RowLoader(rows, 2, shuffle=False)
+    old.next_batch()
+    old.next_batch()
+    ledger = RunLedger(Path("unused"), RowLoader(rows, 2, shuffle=False))
+    ledger.load_state_dict({"step": 2, "loader": old.state_dict()})
+    assert ledger.feed.next_row() == (4, {"n": 4})

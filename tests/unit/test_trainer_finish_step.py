@@ -40,7 +40,7 @@ def _trainer(tmp_path: Path, save_every: int, total_steps: int = 20) -> tuple[Tr
     )
     trainer = Trainer(cfg)
     recorder = _Recorder()
-    trainer.tracker = recorder
+    trainer.processes.tracker = recorder
 
     async def no_validation() -> None:
         return None
@@ -86,7 +86,7 @@ class _Client:
 def _fit_two_steps(tmp_path: Path, save_every: int, total_steps: int) -> list[tuple[str, int]]:
     """``fit`` over a loop of two steps that records when it stops: the recorded events."""
     trainer, recorder = _trainer(tmp_path, save_every=save_every, total_steps=total_steps)
-    trainer.client = _Client()
+    trainer.processes.client = _Client()
 
     async def two_steps() -> list[dict[str, float]]:
         history = [await trainer._finish_step({"actor/loss": 0.5}) for _ in range(2)]

@@ -1,8 +1,8 @@
-"""``Trainer.setup`` starts the rollout servers and the FSDP ranks at once, and a failure
-anywhere in it stops what had started: no training rank, Serve application or agent-loop
-worker outlives a failed setup. ``shutdown`` tries every stop. Ray, Serve, the ranks and
-the workers are faked: what is tested is the order of ``setup`` and ``shutdown``
-themselves."""
+"""``Trainer.setup`` (``RunProcesses.start``) starts the rollout servers and the FSDP
+ranks at once, and a failure anywhere in it stops what had started: no training rank,
+Serve application or agent-loop worker outlives a failed setup. ``shutdown`` tries every
+stop. Ray, Serve, the ranks and the workers are faked: what is tested is the order of
+``setup`` and ``shutdown`` themselves."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.server.launch import DeploymentError
+from agentrl.trainer import ledger as ledger_module
+from agentrl.trainer import processes as processes_module
 from agentrl.trainer import trainer as trainer_module
 from agentrl.trainer.group import WorkerGroupError
 
@@ -39,11 +41,13 @@ def cfg(tiny_checkpoint, tmp_path):
 @pytest.fixture
 def events(monkeypatch):
     log: list[object] = []
-    monkeypatch.setattr(trainer_module, "init_ray", lambda ray_cfg: None)
+    monkeypatch.setattr(processes_module, "init_ray", lambda ray_cfg: None)
     monkeypatch.setattr(
-        trainer_module, "stop_rollout_servers", lambda server: log.append("servers down")
+        processes_module, "stop_rollout_servers", lambda server: log.append("servers down")
     )
-    monkeypatch.setattr(trainer_module, "stop_gateway", lambda gateway: log.append("gateway down"))
+    monkeypatch.setattr(
+        processes_module, "stop_gateway", lambda gateway: log.append("gateway down")
+    )
     return log
 
 
@@ -73,22 +77,22 @@ def fake_parts(events, monkeypatch):
 
         return start
 
-    monkeypatch.setattr(trainer_module, "ActorGroup", part("ranks"))
+    monkeypatch.setattr(processes_module, "ActorGroup", part("ranks"))
     monkeypatch.setattr(
-        trainer_module,
+        processes_module,
         "start_rollout_servers",
         lambda *args: events.append("servers up") or SimpleNamespace(control=None),
     )
-    monkeypatch.setattr(trainer_module, "start_gateway", part("gateway"))
-    monkeypatch.setattr(trainer_module, "AgentLoopManager", part("agent loops"))
+    monkeypatch.setattr(processes_module, "start_gateway", part("gateway"))
+    monkeypatch.setattr(processes_module, "AgentLoopManager", part("agent loops"))
     monkeypatch.setattr(
-        trainer_module, "RewardManager", SimpleNamespace(from_config=part("rewards"))
+        processes_module, "RewardManager", SimpleNamespace(from_config=part("rewards"))
     )
-    monkeypatch.setattr(trainer_module, "make_weight_sync", lambda *args: object())
+    monkeypatch.setattr(processes_module, "make_weight_sync", lambda *args: object())
     monkeypatch.setattr(
-        trainer_module, "MetricsLogger", SimpleNamespace(from_config=part("tracker"))
+        processes_module, "MetricsLogger", SimpleNamespace(from_config=part("tracker"))
     )
-    monkeypatch.setattr(trainer_module, "RowAudit", part("audit"))
+    monkeypatch.setattr(ledger_module, "RowAudit", part("audit"))
     return failing
 
 
@@ -110,8 +114,8 @@ def test_servers_start_beside_the_ranks_and_a_server_failure_stops_the_ranks(
         events.append(("servers saw the ranks start", ranks_up.wait(timeout=30)))
         raise DeploymentError("rollout", "engine failed", "")
 
-    monkeypatch.setattr(trainer_module, "ActorGroup", FakeActorGroup)
-    monkeypatch.setattr(trainer_module, "start_rollout_servers", servers_that_fail)
+    monkeypatch.setattr(processes_module, "ActorGroup", FakeActorGroup)
+    monkeypatch.setattr(processes_module, "start_rollout_servers", servers_that_fail)
     with pytest.raises(DeploymentError, match="engine failed"):
         trainer_module.Trainer(cfg).setup()
     # The rollout application is deleted too: a deployment that failed half-way may
@@ -134,8 +138,8 @@ def test_a_rank_failure_is_raised_once_the_servers_have_started(cfg, events, mon
         events.append("servers up")
         return object()
 
-    monkeypatch.setattr(trainer_module, "ActorGroup", FailingActorGroup)
-    monkeypatch.setattr(trainer_module, "start_rollout_servers", slow_servers)
+    monkeypatch.setattr(processes_module, "ActorGroup", FailingActorGroup)
+    monkeypatch.setattr(processes_module, "start_rollout_servers", slow_servers)
     with pytest.raises(WorkerGroupError, match="a rank failed"):
         trainer_module.Trainer(cfg).setup()
     # Not abandoned half-started: the servers' start ran to its end first, then stopped.
@@ -151,7 +155,7 @@ def test_a_late_failure_stops_everything_started_in_reverse_dependency_order(
         raise OSError("run directory is read-only")
 
     monkeypatch.setattr(
-        trainer_module, "MetricsLogger", SimpleNamespace(from_config=tracker_that_fails)
+        processes_module, "MetricsLogger", SimpleNamespace(from_config=tracker_that_fails)
     )
     trainer = trainer_module.Trainer(cfg)
     with pytest.raises(OSError, match="read-only"):
@@ -180,7 +184,7 @@ def test_a_stop_that_fails_is_logged_and_the_setup_error_raised(
         raise ValueError("reward.reward_fn_path: no compute_score")
 
     monkeypatch.setattr(
-        trainer_module, "RewardManager", SimpleNamespace(from_config=rewards_that_fail)
+        processes_module, "RewardManager", SimpleNamespace(from_config=rewards_that_fail)
     )
     with caplog.at_level(logging.ERROR), pytest.raises(ValueError, match="no compute_score"):
         trainer_module.Trainer(cfg).setup()
