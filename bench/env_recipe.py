@@ -102,13 +102,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize_episodes(episodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy and the share of answers in ``<answer>`` tags (± SE, a problem's answers
-    as one cluster); a failed episode counts as wrong, with no answer."""
+    """Accuracy (the episode's reward: reasoning-gym's score) and the share of answers in
+    ``<answer>`` tags (± SE, a problem's answers as one cluster); a failed episode counts
+    as wrong, with no answer."""
     accuracy: dict[int, list[float]] = defaultdict(list)
     tagged: dict[int, list[float]] = defaultdict(list)
     for episode in episodes:
         info = episode.get("reward_info") or {}
-        accuracy[episode["row_index"]].append(float(info.get("score", 0.0)))
+        score = 0.0 if episode.get("error") else float(episode.get("reward") or 0.0)
+        accuracy[episode["row_index"]].append(score)
         tagged[episode["row_index"]].append(float(info.get("answer_found", 0.0)))
     acc, acc_se = clustered_mean(accuracy)
     found, found_se = clustered_mean(tagged)
@@ -156,18 +158,15 @@ def constant_answer(answer: str, split: Path) -> dict[str, Any]:
     function scores it)."""
     from agentrl.envs.reasoning_gym import compute_score
 
-    episodes = [
-        {
-            "row_index": index,
-            "reward_info": compute_score(
-                row["data_source"],
-                f"<answer>{answer}</answer>",
-                row["reward_model"]["ground_truth"],
-                row["extra_info"],
-            ),
-        }
-        for index, row in enumerate(read_rows(split))
-    ]
+    episodes = []
+    for index, row in enumerate(read_rows(split)):
+        info = compute_score(
+            row["data_source"],
+            f"<answer>{answer}</answer>",
+            row["reward_model"]["ground_truth"],
+            row["extra_info"],
+        )
+        episodes.append({"row_index": index, "reward": info["score"], "reward_info": info})
     return summarize_episodes(episodes) | {"answer": answer}
 
 

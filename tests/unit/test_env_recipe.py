@@ -57,9 +57,11 @@ def test_no_held_out_question_is_in_training_and_prompts_lead_with_worked_exampl
 
 
 def test_accuracy_is_per_problem_with_its_standard_error(bench):
-    episodes = [{"row_index": 0, "reward_info": {"score": 1.0, "answer_found": 1.0}}] * 2
-    episodes += [{"row_index": 1, "reward_info": None, "error": "boom"}]
-    episodes += [{"row_index": 2, "reward_info": {"score": 0.0, "answer_found": 1.0}}]
+    # Records as `agentrl rollout` writes them: the score is the reward, reward_info the
+    # rest of the reward function's dict.
+    episodes = [{"row_index": 0, "reward": 1.0, "reward_info": {"answer_found": 1.0}}] * 2
+    episodes += [{"row_index": 1, "reward": None, "reward_info": {}, "error": "boom"}]
+    episodes += [{"row_index": 2, "reward": 0.0, "reward_info": {"answer_found": 1.0}}]
     result = bench.summarize_episodes(episodes)
     assert result["accuracy"] == pytest.approx(1 / 3)  # the failed episode counts wrong
     assert result["accuracy_se"] == pytest.approx(statistics.stdev([1, 0, 0]) / math.sqrt(3))
