@@ -191,6 +191,16 @@ class AgentRLConfig(Section):
         return {**data, "workers": {**workers, "actor": actor}}
 
     @model_validator(mode="after")
+    def _partial_groups_fit_a_group(self) -> AgentRLConfig:
+        size = self.trainer.min_group_size
+        if size is not None and size > self.rollout.n:
+            raise ValueError(
+                f"trainer.min_group_size ({size}) must be at most rollout.n "
+                f"({self.rollout.n}), the episodes of a group"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gateway_renders_tools_as_the_agent_loops_do(self) -> AgentRLConfig:
         """Gateway tool and parser settings left unset take the rollout's (one setting,
         one rule)."""

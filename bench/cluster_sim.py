@@ -17,7 +17,12 @@ the same tokens):
 
 Modes (``--modes``): ``sync`` (``Trainer``), ``eta1`` and ``eta2`` (``AsyncTrainer``,
 ``trainer.max_staleness``), ``partial`` (η = 1, ``weight_sync.pause_mode=abort``: a push
-aborts the running turns, which continue under the new weights with their partial tokens).
+aborts the running turns, which continue under the new weights with their partial tokens),
+and the straggler options at η = 0, each step trained on one policy version as in
+``sync``: ``oversample`` (``trainer.oversample_groups``: a quarter of a batch more groups
+run, and a step takes the first to finish) and ``partial_groups``
+(``trainer.min_group_size``: three quarters of a group's episodes make it usable when the
+trainer waits).
 
 Per mode, over the measured steps (all but the first): trained tokens and episodes per
 modeled second, the speedup over sync (same workload, same run), and the ideal bound.
@@ -86,8 +91,11 @@ MODES = {
     "eta1": ["trainer.max_staleness=1"],
     "eta2": ["trainer.max_staleness=2"],
     "partial": ["trainer.max_staleness=1", "weight_sync.pause_mode=abort"],
+    "oversample": ["trainer.max_staleness=0", "trainer.oversample_groups={quarter_batch}"],
+    "partial_groups": ["trainer.max_staleness=0", "trainer.min_group_size={three_quarters_n}"],
 }
-"""Each mode's config overrides; ``sync`` runs ``Trainer``, the others ``AsyncTrainer``."""
+"""Each mode's config overrides (``{...}``: sizes from the command line); ``sync`` runs
+``Trainer``, the others ``AsyncTrainer``."""
 ROWS = 512
 Z99 = 2.326  # the standard normal's 99th percentile
 BOUND = (
@@ -177,7 +185,13 @@ def _config(args: argparse.Namespace, tmp: Path, workload: str, mode: str) -> Ag
             f"trainer.run_dir={tmp / 'run'}",
             "trainer.samples_to_save=0",
             f"ray.num_cpus={max(4, args.replicas)}",
-            *MODES[mode],
+            *(
+                override.format(
+                    quarter_batch=max(1, args.batch // 4),
+                    three_quarters_n=max(1, math.ceil(args.n * 3 / 4)),
+                )
+                for override in MODES[mode]
+            ),
             *args.overrides,
         ],
     )
@@ -345,6 +359,8 @@ def _measure(
         "episodes_dropped_stale": int(queue.get("async/dropped_stale", 0)),
         "episodes_downweighted_stale": int(queue.get("async/downweighted_stale", 0)),
         "episodes_failed": int(queue.get("async/failed_episodes", 0)),
+        "partial_groups": int(queue.get("async/partial_groups", 0)),
+        "episodes_late": int(queue.get("async/late_episodes", 0)),
         "max_concurrent_episodes": trainer.peak_in_flight,
         "max_engine_lag_s": max(r["max_lag_s"] for r in last["replicas"]),
         "preemptions": sum(r["preemptions"] for r in last["replicas"]),

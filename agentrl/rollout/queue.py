@@ -34,6 +34,13 @@ actor, and ``drain_inbox`` moves them from there into the queue (``put_session``
   (``async/duplicate_episodes``), never an error. ``async/external_episodes`` counts
   the accepted ones.
 
+Stragglers: a long-tail episode holds only its own group. With ``oversample_groups``
+the producer runs that many groups beyond the staleness rule's budget, so a batch is the
+first groups to finish; with ``min_group_size`` (partial groups), when the trainer waits
+for a batch and too few groups are complete, groups with at least that many finished
+episodes fill it, oldest first, and their stragglers are discarded when they finish
+(``async/late_episodes``; their rule slot counts as used, as their group's did).
+
 Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
 can ever form (nothing running, no room for the producer to start a group, no external
 source) and ``BatchTimeout`` after ``timeout_s``; both say what the queue holds.
@@ -104,11 +111,17 @@ class TrajectoryQueue:
         max_response_length: int | None = None,
         version: int = 0,
         external_sources: bool = False,
+        oversample_groups: int = 0,
+        min_group_size: int | None = None,
     ) -> None:
         """``version``: the policy version served now (a resumed run's); the staleness
         rule's step count starts at 0 whatever it is. ``external_sources``: episodes may
         arrive through ``put_session``/``put_external`` (a gateway queue sink), so an idle
-        producer is no stall."""
+        producer is no stall. ``oversample_groups`` and ``min_group_size``: the straggler
+        options (module docstring)."""
+        if min_group_size is not None and not 1 <= min_group_size <= group_size:
+            raise ValueError(f"min_group_size must be in [1, {group_size}], got {min_group_size}")
+        self.min_group_size = min_group_size or group_size
         self.batch_groups = batch_groups
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -120,6 +133,7 @@ class TrajectoryQueue:
             max_staleness=max_staleness,
             batch_size=batch_groups * group_size,
             max_concurrency=max_concurrency,
+            extra=oversample_groups * group_size,
             version=version,
         )
         self.external_sources = external_sources
@@ -129,6 +143,7 @@ class TrajectoryQueue:
         self._changed = asyncio.Condition()
         self._seen: set[str] = set()
         self._full_external_groups: set[str] = set()
+        self._cut_groups: set[str] = set()  # taken partial: their stragglers come late
         self._counts: Counter[str] = Counter()
         self._closed = False
 
@@ -162,6 +177,12 @@ class TrajectoryQueue:
         if episode.episode_id in self._seen:
             raise ValueError(f"episode {episode.episode_id} was already put")
         self._seen.add(episode.episode_id)
+        if episode.group_id in self._cut_groups:
+            # Its group was trained without it; its slot stays used, as the group's
+            # other episodes' do, so the rule's budget per step holds.
+            self._rule.finish(kept=True)
+            self._counts["late_episodes"] += 1
+            return
         self._rule.finish(kept=episode.ok)
         await self._add(episode)
 
@@ -242,6 +263,8 @@ class TrajectoryQueue:
                 while True:
                     if self._apply_staleness():
                         self._changed.notify_all()  # freed slots: wake the producer
+                    if len(self._complete) < self.batch_groups:
+                        self._take_partial_groups()
                     if len(self._complete) >= self.batch_groups:
                         break
                     if self._closed:
@@ -280,6 +303,23 @@ class TrajectoryQueue:
         self._closed = True
         async with self._changed:
             self._changed.notify_all()
+
+    def _take_partial_groups(self) -> None:
+        """Partial groups: while the batch is short, open groups of the producer with at
+        least ``min_group_size`` finished episodes (one of them ok) become complete,
+        oldest first. Their stragglers are dropped when they finish (``put``)."""
+        if self.min_group_size >= self.group_size:
+            return
+        for group_id, group in list(self._open.items()):
+            if len(self._complete) >= self.batch_groups:
+                return
+            external = any(episode.external for episode in group)
+            if external or len(group) < self.min_group_size or not any(e.ok for e in group):
+                continue
+            del self._open[group_id]
+            self._cut_groups.add(group_id)
+            self._complete[group_id] = sorted(group, key=lambda e: e.sample_index)
+            self._counts["partial_groups"] += 1
 
     def _stalled(self) -> bool:
         return (

@@ -12,7 +12,9 @@ step pushes new weights and the run started at version 0; it is counted apart fr
 version so that a step that made no update (too few usable samples) still frees its
 batch's slots, and a resumed run starts with the budget of a fresh one. η = 0 allows
 exactly one batch per step (the synchronous loop); η = 1 is one-step-off-policy; larger
-η is fully async. The rule bounds how many episodes are in the system per step; an
+η is fully async. Over-sampling (``extra``) adds a fixed number of episodes to the
+budget, so that a step can take the first B to finish and leave its stragglers to a later
+one. The rule bounds how many episodes are in the system per step; an
 episode that runs much longer than its peers can still fall more than η versions behind
 by the time it is trained, so the queue checks each episode's oldest token version when
 it is consumed and drops (or down-weights) stale ones, giving their slots back with
@@ -31,6 +33,8 @@ class StalenessController:
     max_staleness: int
     batch_size: int
     max_concurrency: int
+    extra: int = 0
+    """Episodes the producer may start beyond ``(η + s + 1)·B`` (over-sampling)."""
     version: int = 0
     steps: int = 0
     accepted: int = 0
@@ -42,11 +46,13 @@ class StalenessController:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.batch_size < 1 or self.max_concurrency < 1:
             raise ValueError("batch_size and max_concurrency must be >= 1")
+        if self.extra < 0:
+            raise ValueError(f"extra must be >= 0, got {self.extra}")
 
     @property
     def capacity(self) -> int:
         """Episodes that may start now."""
-        budget = (self.max_staleness + self.steps + 1) * self.batch_size
+        budget = (self.max_staleness + self.steps + 1) * self.batch_size + self.extra
         by_staleness = budget - (self.accepted + self.running)
         return max(0, min(by_staleness, self.max_concurrency - self.running))
 

@@ -42,7 +42,7 @@ from agentrl.rollout.episode import EpisodeRequest
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.queue import SessionInbox, TrajectoryQueue, drain_inbox
 from agentrl.server.gateway.sink import queue_actor_name
-from agentrl.trainer.batches import KeepReplicasCurrent, StepBatch
+from agentrl.trainer.batches import BatchSource, KeepReplicasCurrent, StepBatch
 from agentrl.trainer.ledger import RunLedger
 from agentrl.trainer.trainer import Trainer
 
@@ -53,11 +53,9 @@ _REPLICA_CHECK_S = 5.0
 """How often a trainer waiting for a batch checks that no replica serves old weights."""
 
 
-class AsyncBatches:
+class AsyncBatches(BatchSource):
     """Batches from a ``TrajectoryQueue`` that a producer task fills ahead of training,
     within the staleness rule, and, with a queue sink, the gateway's sessions."""
-
-    regenerates = False
 
     def __init__(
         self,
@@ -68,20 +66,20 @@ class AsyncBatches:
         version: int,
     ) -> None:
         """``version``: the weight version the replicas serve at the start."""
-        if not cfg.trainer.agent_loop_episodes and queue_actor_name(cfg.gateway.sink) is None:
-            raise ValueError(
-                "trainer.agent_loop_episodes=false needs episodes from somewhere: set "
-                "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
-            )
-        self.cfg = cfg
-        self.manager = manager
-        self.ledger = ledger
-        self.keep_replicas_current = keep_replicas_current
+        super().__init__(cfg, manager, ledger, keep_replicas_current)
         self.queue = self._make_queue(version)
         self._inbox: ray.actor.ActorHandle | None = None
         self._gen_clock = _BusyClock()
         # What fills the queue: tasks that end only by failing, named for their error.
         self._sources: dict[str, asyncio.Task] = {}
+
+    def check(self) -> None:
+        sink = self.cfg.gateway.sink
+        if not self.cfg.trainer.agent_loop_episodes and queue_actor_name(sink) is None:
+            raise ValueError(
+                "trainer.agent_loop_episodes=false needs episodes from somewhere: set "
+                "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
+            )
 
     async def start(self) -> None:
         """Start the producer (unless only gateway sessions are trained) and the inbox."""
@@ -107,6 +105,8 @@ class AsyncBatches:
             max_response_length=cfg.rollout.max_response_length,
             version=version,
             external_sources=queue_actor_name(cfg.gateway.sink) is not None,
+            oversample_groups=cfg.trainer.oversample_groups,
+            min_group_size=cfg.trainer.min_group_size,
         )
 
     def _make_inbox(self) -> ray.actor.ActorHandle | None:
@@ -167,10 +167,6 @@ class AsyncBatches:
             batch.dropped_group_ids,
             batch.metrics,
         )
-
-    async def more(self) -> None:
-        """The producer never generates for a particular step."""
-        return None
 
     async def step_done(self, version: int) -> dict[str, float]:
         """The step's batch frees its slots; generation may run ``η`` versions ahead of

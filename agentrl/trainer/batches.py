@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from agentrl.config import AgentRLConfig
 from agentrl.rollout.episode import EpisodeResult
@@ -44,33 +44,12 @@ class StepBatch:
         self.dropped_group_ids += more.dropped_group_ids
 
 
-class BatchSource(Protocol):
-    """What the fit loop needs of a source of batches."""
+class BatchSource:
+    """What the fit loop needs of a source of batches; a subclass gives ``next_batch``
+    and ``step_done``, and starts and stops what it runs in ``start`` and ``close``."""
 
-    regenerates: bool
+    regenerates = False
     """Whether ``more`` can generate groups for the current step (dynamic sampling)."""
-
-    async def start(self) -> None:
-        """Before the first batch (the async source starts generating here)."""
-
-    async def next_batch(self, step: int, last: bool) -> StepBatch | None:
-        """The batch of ``step`` (``last``: the run's last step); None: no more batches."""
-
-    async def more(self) -> StepBatch | None:
-        """More groups for the current step, or None when the source makes none."""
-
-    async def step_done(self, version: int) -> dict[str, float]:
-        """The step ended and the replicas serve ``version``; returns its metrics."""
-
-    async def close(self) -> None:
-        """Stop whatever the source runs (called once, after the last step or a failure)."""
-
-
-class SyncBatches:
-    """Each step generates ``data.train_batch_size`` groups of ``rollout.n`` episodes with
-    the weights it starts from, and waits for all of them."""
-
-    regenerates = True
 
     def __init__(
         self,
@@ -79,19 +58,53 @@ class SyncBatches:
         ledger: RunLedger,
         keep_replicas_current: KeepReplicasCurrent,
     ) -> None:
-        if ledger.feed is None:
-            raise ValueError(
-                "trainer.agent_loop_episodes=false (gateway sessions only) needs the async "
-                "trainer (`agentrl train` without --sync)"
-            )
         self.cfg = cfg
         self.manager = manager
         self.ledger = ledger
         self.keep_replicas_current = keep_replicas_current
-        self._gen_s = 0.0
+        self.check()
+
+    def check(self) -> None:
+        """Raise ``ValueError`` when the config asks what this source cannot give."""
 
     async def start(self) -> None:
-        pass
+        """Before the first batch (the async source starts generating here)."""
+
+    async def next_batch(self, step: int, last: bool) -> StepBatch | None:
+        """The batch of ``step`` (``last``: the run's last step); None: no more batches."""
+        raise NotImplementedError
+
+    async def more(self) -> StepBatch | None:
+        """More groups for the current step, or None when the source makes none."""
+        return None
+
+    async def step_done(self, version: int) -> dict[str, float]:
+        """The step ended and the replicas serve ``version``; returns its metrics."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Stop whatever the source runs (called once, after the last step or a failure)."""
+
+
+class SyncBatches(BatchSource):
+    """Each step generates ``data.train_batch_size`` groups of ``rollout.n`` episodes with
+    the weights it starts from, and waits for all of them."""
+
+    regenerates = True
+    _gen_s = 0.0
+
+    def check(self) -> None:
+        if self.ledger.feed is None:
+            raise ValueError(
+                "trainer.agent_loop_episodes=false (gateway sessions only) needs the async "
+                "trainer (`agentrl train` without --sync)"
+            )
+        if self.cfg.trainer.oversample_groups or self.cfg.trainer.min_group_size is not None:
+            raise ValueError(
+                "trainer.oversample_groups and trainer.min_group_size (straggler options) "
+                "need the async trainer: run `agentrl train` without --sync, with "
+                "trainer.max_staleness=0 for synchronous steps"
+            )
 
     async def next_batch(self, step: int, last: bool) -> StepBatch:
         await self.keep_replicas_current()
@@ -117,6 +130,3 @@ class SyncBatches:
     async def step_done(self, version: int) -> dict[str, float]:
         gen_s, self._gen_s = self._gen_s, 0.0
         return {"timing/gen": gen_s}
-
-    async def close(self) -> None:
-        pass

@@ -277,6 +277,22 @@ class TrainerConfig(Section):
     stale_policy: Literal["drop", "downweight"] = Field(
         "drop", description="What to do with episodes more than max_staleness versions old."
     )
+    oversample_groups: int = Field(
+        0,
+        ge=0,
+        description="Async training: groups the producer may run beyond what the staleness "
+        "rule allows, so that a step takes the first `data.train_batch_size` groups to "
+        "finish and a long-tail episode does not hold it up; the rest join a later batch "
+        "(where trainer.stale_policy applies to them).",
+    )
+    min_group_size: int | None = Field(
+        None,
+        ge=1,
+        description="Async training: partial groups. When the trainer waits for a batch, "
+        "a group with at least this many finished episodes fills it without its "
+        "stragglers, which are discarded when they finish (`async/late_episodes`). "
+        "Null = rollout.n (whole groups only).",
+    )
     agent_loop_episodes: bool = Field(
         True,
         description="Async training: run agent loops over `data.train_files` to produce "

@@ -76,3 +76,51 @@ async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_chec
     assert (checkpoint["extra"]["step"], checkpoint["extra"]["version"]) == (STEPS, STEPS)
     assert checkpoint["step"] == STEPS
     assert wall < 60, f"the 2-step simulated run took {wall:.0f} s"
+
+
+async def test_the_straggler_options_keep_synchronous_steps_on_one_version(
+    tiny_checkpoint, tmp_path
+):
+    """η = 0 with over-sampling and partial groups: every step trains a full batch of
+    groups, each with at least min_group_size episodes, all sampled by the version the
+    step starts from (the over-sampled groups that finish a step late are stale, and
+    dropped)."""
+    cfg = toy_config(
+        tiny_checkpoint,
+        tmp_path,
+        STEPS,
+        extra=[
+            "server.num_replicas=2",
+            "server.engine.backend=sim",
+            "server.engine.max_model_len=2048",
+            "server.engine.sim.response_length_median=200",
+            "server.engine.sim.response_length_p99=1500",
+            f"server.engine.sim.time_scale={SCALE}",
+            "rollout.max_response_length=1600",
+            "workers.backend=sim",
+            "workers.sim.num_gpus=2",
+            "trainer.max_staleness=0",
+            "trainer.oversample_groups=1",
+        ],
+    )
+    cfg.trainer.min_group_size = cfg.rollout.n - 1
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    try:
+        history = await trainer.fit()
+        queue = trainer.batches.queue.metrics()
+    finally:
+        trainer.shutdown()
+    batch = cfg.data.train_batch_size
+    for h in history:
+        assert batch * (cfg.rollout.n - 1) <= h["trainer/episodes"] <= batch * cfg.rollout.n
+        assert h["async/staleness/max"] == 0
+    assert [h["trainer/version"] for h in history] == [1.0, 2.0]
+    # Every episode that came back went into a batch, was late, was dropped or waits.
+    taken = sum(h["trainer/episodes"] for h in history)
+    accounted = (
+        taken
+        + queue.get("async/dropped_stale", 0)
+        + len(trainer.batches.queue.pending_episode_ids())
+    )
+    assert accounted == queue["async/episodes_in"]

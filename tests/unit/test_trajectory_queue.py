@@ -257,3 +257,54 @@ async def test_acquire_returns_zero_once_the_queue_closes():
     await q.close()
     assert await asyncio.wait_for(waiter, 1) == 0
     assert await q.acquire(1) == 0
+
+
+async def test_over_sampling_lets_a_step_take_the_first_groups_to_finish():
+    q = _queue(max_staleness=0, oversample_groups=1)
+    assert await q.reserve(10) == 3  # one batch of 2 groups, and 1 group over it
+    getter = asyncio.create_task(q.get_batch())
+    for group in "ac":  # group b is the straggler
+        for k in range(2):
+            await q.put(_episode(group, k))
+    batch = await asyncio.wait_for(getter, 1)
+    assert [g[0].group_id for g in batch.groups] == ["a", "c"]
+    assert await q.reserve(10) == 0  # b still runs: the budget holds b and no more
+    await q.finish_step(1)
+    assert await q.reserve(10) == 2  # the next batch's groups, b's slots still taken
+
+
+async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_late():
+    q = _queue(group_size=3, min_group_size=2)
+    await q.reserve(10)
+    for episode in [_episode("a", 0), _episode("a", 2), _episode("b", 1)]:
+        await q.put(episode)
+    getter = asyncio.create_task(q.get_batch())
+    await asyncio.sleep(0)
+    assert not getter.done()  # b has 1 of the 2 episodes it needs
+    await q.put(_episode("b", 0))
+    batch = await asyncio.wait_for(getter, 1)
+    assert [[e.episode_id for e in g] for g in batch.groups] == [["a-0", "a-2"], ["b-0", "b-1"]]
+    running, accepted = q._rule.running, q._rule.accepted
+    await q.put(_episode("a", 1))  # the straggler: never trained, never a group again
+    assert q.metrics()["async/late_episodes"] == 1
+    assert q.metrics()["async/partial_groups"] == 2
+    assert (q._rule.running, q._rule.accepted) == (running - 1, accepted + 1)
+    assert q.pending_episode_ids() == []
+
+
+async def test_partial_groups_are_only_taken_while_the_batch_is_short():
+    q = _queue(batch_groups=1, group_size=3, min_group_size=2)
+    await q.reserve(10)
+    for episode in [_episode("a", 0), _episode("a", 1), _episode("a", 2), _episode("b", 0)]:
+        await q.put(episode)
+    await q.put(_episode("b", 1))  # b could be taken partial, but a whole group is ready
+    batch = await q.get_batch()
+    assert [g[0].group_id for g in batch.groups] == ["a"]
+    assert "async/partial_groups" not in q.metrics()
+    await q.put(_episode("b", 2))  # so b completes whole
+    assert [len(g) for g in (await q.get_batch()).groups] == [3]
+
+
+def test_a_partial_group_size_larger_than_a_group_is_refused():
+    with pytest.raises(ValueError, match=r"min_group_size must be in \[1, 2\]"):
+        _queue(min_group_size=3)
