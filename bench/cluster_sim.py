@@ -96,6 +96,16 @@ MODES = {
 }
 """Each mode's config overrides (``{...}``: sizes from the command line); ``sync`` runs
 ``Trainer``, the others ``AsyncTrainer``."""
+ASYNC_MODES = ("eta1", "eta2", "partial")
+"""The modes whose generation runs ahead of training (the straggler modes stay at η = 0)."""
+STRAGGLER_MODES = ("oversample", "partial_groups")
+CONTROL_PLANE = (
+    "driver busy share = the driver's CPU seconds (producer, trajectory queue, staleness "
+    "rule, fit loop, weight-push calls: one event loop, the control plane's serial part) "
+    "over the modeled seconds, i.e. the share of each second of the modeled cluster its "
+    "event loop is busy; cpu_ms_per_trained_episode splits every process's CPU by "
+    "component (replicas: the simulated engines' own bookkeeping)"
+)
 ROWS = 512
 Z99 = 2.326  # the standard normal's 99th percentile
 BOUND = (
@@ -368,6 +378,7 @@ def _measure(
         "cpu_s": cpu,
         "cpu_ms_per_trained_episode": {k: 1000 * v / max(episodes, 1) for k, v in cpu.items()},
         "cpu_share_of_wall": sum(cpu.values()) / (modeled * scale),
+        "driver_busy_share": cpu.get("driver", 0.0) / modeled,
         "load_avg_1m": os.getloadavg()[0],
     }
 
@@ -432,17 +443,18 @@ SCALING_FIELDS = (
     "max_concurrent_episodes",
     "max_engine_lag_s",
     "cpu_share_of_wall",
+    "driver_busy_share",
     "cpu_ms_per_trained_episode",
     "wall_s",
 )
 
 
 def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
-    """The agentic workload at η = 1 with ``REPLICASxWORKERS``, prompts per step scaled
-    with the replicas (the same episodes per replica as the main runs)."""
-    replicas, workers = (int(x) for x in point.split("x"))
+    """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS]``: prompts per step
+    given, or scaled with the replicas (the same episodes per replica as the main runs)."""
+    replicas, workers, *prompts = (int(x) for x in point.split("x"))
     scaled = argparse.Namespace(**{**vars(args), "replicas": replicas, "workers": workers})
-    scaled.batch = max(1, args.batch * replicas // args.replicas)
+    scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
     result = asyncio.run(_run(scaled, "agentic", "eta1"))
     _bound({"eta1": result})  # against the capacity this run reached
     row = {"replicas": replicas, "workers": workers, "batch_prompts": scaled.batch}
@@ -483,12 +495,34 @@ def _payload(
     concurrent = [r["max_concurrent_episodes"] for r in (*runs, *scaling)]
     payload["max_replicas"] = max(replicas, default=0)
     payload["max_concurrent_episodes"] = max(concurrent, default=0)
-    agentic = {k: v for k, v in results.get("agentic", {}).items() if k != "sync"}
+    agentic = {k: v for k, v in results.get("agentic", {}).items() if k in ASYNC_MODES}
     if agentic and "sync" in results.get("agentic", {}):
         best = max(agentic, key=lambda k: agentic[k]["speedup_over_sync"])
         payload["agentic_best_mode"] = best
         payload["agentic_speedup_over_sync"] = agentic[best]["speedup_over_sync"]
         payload["agentic_efficiency_vs_ideal"] = agentic[best]["efficiency"]
+    payload["stragglers"] = {
+        workload: {
+            mode: {
+                key: modes[mode][key]
+                for key in (
+                    "speedup_over_sync",
+                    "efficiency",
+                    "partial_groups",
+                    "episodes_late",
+                    "episodes_dropped_stale",
+                )
+                if key in modes[mode]
+            }
+            for mode in STRAGGLER_MODES
+            if mode in modes
+        }
+        for workload, modes in results.items()
+    }
+    payload["control_plane"] = CONTROL_PLANE
+    if scaling:
+        largest = max(scaling, key=lambda row: (row["replicas"], row["max_concurrent_episodes"]))
+        payload["control_plane_share_at_max"] = largest["driver_busy_share"]
     validation = RESULTS / "sim_validation.json"  # bench/sim_validation.py: sim vs vLLM-CPU
     if validation.exists():
         payload["sim_vs_real_step_time_error"] = json.loads(validation.read_text())[
@@ -544,7 +578,7 @@ def _print_table(results: dict[str, dict[str, dict]]) -> None:
 def _print_scaling(scaling: list[dict[str, Any]]) -> None:
     table = Table(title="Agentic workload at eta = 1: scale")
     columns = ("replicas", "workers", "peak episodes", "tokens/s", "efficiency", "engine lag s")
-    for column in (*columns, "CPU share of wall", "CPU ms/episode"):
+    for column in (*columns, "CPU share of wall", "driver busy", "CPU ms/episode"):
         table.add_column(column, justify="right")
     for row in scaling:
         table.add_row(
@@ -555,6 +589,7 @@ def _print_scaling(scaling: list[dict[str, Any]]) -> None:
             f"{row['efficiency']:.0%}",
             f"{row['max_engine_lag_s']:.2f}",
             f"{row['cpu_share_of_wall']:.2f}",
+            f"{row['driver_busy_share']:.1%}",
             f"{sum(row['cpu_ms_per_trained_episode'].values()):.0f}",
         )
     Console(width=200).print(table)
@@ -563,7 +598,7 @@ def _print_scaling(scaling: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="rlvr,agentic", help=f"of {', '.join(WORKLOADS)}")
-    parser.add_argument("--modes", default="sync,eta1,eta2,partial", help=f"of {', '.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     parser.add_argument("--replicas", type=int, default=4, help="simulated rollout replicas")
     parser.add_argument("--workers", type=int, default=2, help="agent-loop workers")
     parser.add_argument("--steps", type=int, default=8, help="the first one warms up")
@@ -586,8 +621,8 @@ def main() -> None:
     parser.add_argument(
         "--scale",
         default="",
-        help="then the agentic workload at eta1 at these REPLICASxWORKERS points "
-        "(8x2,16x4,...), prompts per step scaled with the replicas",
+        help="then the agentic workload at eta1 at these REPLICASxWORKERS[xPROMPTS] points "
+        "(8x2,16x4,32x16x640,...); prompts per step scaled with the replicas unless given",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workloads")
     parser.add_argument("--tag", default=None, help="write cluster_sim_<tag>.json")

@@ -140,6 +140,25 @@ def _retool_vs_cold_start(data: dict) -> list[Row]:
     ]
 
 
+def _env_recipe(data: dict) -> list[Row]:
+    seeds = data["seeds"]
+    if not seeds:  # the baselines are written before the first seed's RL
+        return []
+    best = data["best_baseline"]
+    return [
+        Row(
+            f"RL on a third-party environment ({data['environment']}): greedy test "
+            f"accuracy ({len(seeds)} seeds)",
+            _span([seed["accuracy"] for seed in seeds], "{:.3f}"),
+            "rl-on-a-third-party-environment",
+            baseline=f"{best['test']['accuracy']:.3f} ({best['name'].replace('_', ' ')})",
+            ratio=f"{data['min_gain_over_baseline']:+.3f} (worst seed)",
+            spread=f"{data['min_gain_in_se']:+.1f} SE (worst seed); "
+            f"≤ {data['max_minutes']:.0f} min a seed",
+        )
+    ]
+
+
 ASYNC_MODES = {"eta1": "η = 1", "eta2": "η = 2", "eta1_downweight": "η = 1, stale down-weighted"}
 
 
@@ -424,6 +443,8 @@ def _weight_swap_pause(data: dict) -> list[Row]:
 
 
 SIM_MODES = {"eta1": "η = 1", "eta2": "η = 2", "partial": "partial rollout"}
+"""The simulated modes whose generation runs ahead of training."""
+STRAGGLER_MODES = {"oversample": "over-sampling", "partial_groups": "partial groups"}
 
 
 def _cluster_sim(data: dict) -> list[Row]:
@@ -435,7 +456,7 @@ def _cluster_sim(data: dict) -> list[Row]:
     for workload, result in data["workloads"].items():
         sync = result["modes"]["sync"]
         best = max(
-            (m for m in result["modes"] if m != "sync"),
+            (m for m in result["modes"] if m in SIM_MODES),
             key=lambda m: result["modes"][m]["speedup_over_sync"],
         )
         mode = result["modes"][best]
@@ -450,7 +471,26 @@ def _cluster_sim(data: dict) -> list[Row]:
                 spread=f"{mode['efficiency']:.0%} of the ideal bound, one run",
             )
         )
-    largest = max(data["scaling"], key=lambda s: s["replicas"])
+        stragglers = [m for m in STRAGGLER_MODES if m in result["modes"]]
+        if stragglers:
+            rows.append(
+                Row(
+                    f"Simulated cluster, {workload}: straggler options at η = 0 "
+                    f"({', '.join(STRAGGLER_MODES[m] for m in stragglers)}) vs sync, "
+                    "trained tokens/s",
+                    " / ".join(
+                        f"{result['modes'][m]['trained_tokens_per_s']:.0f}" for m in stragglers
+                    ),
+                    "simulated-cluster",
+                    baseline=f"{sync['trained_tokens_per_s']:.0f} (sync)",
+                    ratio=" / ".join(
+                        _x(result["modes"][m]["speedup_over_sync"]) for m in stragglers
+                    ),
+                    spread="one run each",
+                )
+            )
+    largest = max(data["scaling"], key=lambda s: (s["replicas"], s["max_concurrent_episodes"]))
+    busy = largest.get("driver_busy_share")
     rows.append(
         Row(
             f"Simulated cluster, control plane at {largest['replicas']} replicas × "
@@ -458,7 +498,9 @@ def _cluster_sim(data: dict) -> list[Row]:
             f"{largest['trained_tokens_per_s']:.0f}",
             "simulated-cluster",
             ratio=f"{largest['efficiency']:.0%} of the ideal bound",
-            spread=f"{largest['max_concurrent_episodes']} concurrent episodes, one run",
+            spread=f"{largest['max_concurrent_episodes']} concurrent episodes"
+            + (f", driver busy {busy:.0%} of the time" if busy is not None else "")
+            + ", one run",
         )
     )
     return rows
@@ -483,6 +525,7 @@ def _sim_validation(data: dict) -> list[Row]:
 ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "retool_cpu": _retool_cpu,
     "retool_vs_cold_start": _retool_vs_cold_start,
+    "env_recipe": _env_recipe,
     "async_vs_sync": _async_vs_sync,
     "cluster_sim": _cluster_sim,
     "sim_validation": _sim_validation,

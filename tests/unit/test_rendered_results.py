@@ -352,3 +352,48 @@ def test_a_readme_figure_needs_its_result(root):
     (root / "bench/results/weight_swap_pause.json").unlink()
     with pytest.raises(render.RenderError, match=r"weight_swap_pause\.json"):
         render.write(root)
+
+
+def test_straggler_modes_get_their_own_row_and_never_count_as_async(root):
+    sim = _cluster_sim()
+    modes = sim["workloads"]["agentic"]["modes"]
+    modes["oversample"] = {"trained_tokens_per_s": 400.0, "speedup_over_sync": 4.0}
+    modes["partial_groups"] = {"trained_tokens_per_s": 150.0, "speedup_over_sync": 1.5}
+    sim["scaling"][1]["driver_busy_share"] = 0.123
+    _write_result(root, "cluster_sim", sim)
+    render.write(root)
+    page = (root / "docs/benchmarks.md").read_text()
+    assert "async (η = 2) vs sync" in page  # not over-sampling, though it is faster
+    row = next(line for line in page.splitlines() if "straggler options" in line)
+    assert "(over-sampling, partial groups) vs sync" in row
+    assert "| 400 / 150 | 100 (sync) | 4.00× / 1.50× |" in row
+    assert "driver busy 12% of the time" in page
+
+
+def test_the_env_recipe_row_gives_the_worst_seed_against_the_best_baseline(root):
+    seeds = [
+        {"seed": 0, "accuracy": 0.61, "gain": 0.001, "gain_in_se": 0.05},
+        {"seed": 1, "accuracy": 0.58, "gain": -0.03, "gain_in_se": -1.4},
+    ]
+    _write_result(
+        root,
+        "env_recipe",
+        {
+            "benchmark": "env_recipe",
+            "environment": "reasoning_gym:letter_counting",
+            "best_baseline": {"name": "majority", "test": {"accuracy": 0.609}},
+            "seeds": seeds,
+            "min_gain_over_baseline": -0.03,
+            "min_gain_in_se": -1.4,
+            "max_minutes": 21.4,
+        },
+    )
+    render.write(root)
+    row = next(
+        line
+        for line in (root / "docs/benchmarks.md").read_text().splitlines()
+        if "third-party environment" in line
+    )
+    assert "(reasoning_gym:letter_counting): greedy test accuracy (2 seeds)" in row
+    assert "| 0.580–0.610 | 0.609 (majority) | -0.030 (worst seed) |" in row
+    assert "-1.4 SE (worst seed); ≤ 21 min a seed" in row
