@@ -453,7 +453,9 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
     """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS]``: prompts per step
     given, or scaled with the replicas (the same episodes per replica as the main runs)."""
     replicas, workers, *prompts = (int(x) for x in point.split("x"))
-    scaled = argparse.Namespace(**{**vars(args), "replicas": replicas, "workers": workers})
+    scaled = argparse.Namespace(
+        **{**vars(args), "replicas": replicas, "workers": workers, "steps": args.scale_steps}
+    )
     scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
     result = asyncio.run(_run(scaled, "agentic", "eta1"))
     _bound({"eta1": result})  # against the capacity this run reached
@@ -477,6 +479,7 @@ def _payload(
             "agent_loop_workers": args.workers,
             "train_gpus": args.train_gpus,
             "steps": args.steps,
+            "scale_steps": args.scale_steps,
             "batch_prompts": args.batch,
             "n": args.n,
             "max_response": args.max_response,
@@ -623,6 +626,9 @@ def main() -> None:
         default="",
         help="then the agentic workload at eta1 at these REPLICASxWORKERS[xPROMPTS] points "
         "(8x2,16x4,32x16x640,...); prompts per step scaled with the replicas unless given",
+    )
+    parser.add_argument(
+        "--scale-steps", type=int, default=8, help="steps of each scale point (one warms up)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workloads")
     parser.add_argument("--tag", default=None, help="write cluster_sim_<tag>.json")
