@@ -463,6 +463,38 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
     return row | {key: result[key] for key in SCALING_FIELDS}
 
 
+PROJECTED_REPLICAS = (64, 128, 256)
+
+
+def _projection(scaling: list[dict[str, Any]]) -> dict[str, Any]:
+    """The control plane past what this machine holds, modeled from per-replica costs:
+    each replica trains the episodes per modeled second of the smallest scale point (the
+    one least slowed by this machine's two cores), and each episode costs every
+    component the CPU of the largest point (the most per episode measured)."""
+    smallest = min(scaling, key=lambda row: row["replicas"])
+    largest = max(scaling, key=lambda row: row["replicas"])
+    per_replica = smallest["trained_episodes_per_s"] / smallest["replicas"]
+    cost_s = {k: v / 1000 for k, v in largest["cpu_ms_per_trained_episode"].items()}
+    rows = []
+    for replicas in PROJECTED_REPLICAS:
+        rate = replicas * per_replica
+        rows.append(
+            {
+                "replicas": replicas,
+                "episodes_per_s": rate,
+                "driver_busy_share": rate * cost_s.get("driver", 0.0),
+                "cores": {k: rate * v for k, v in cost_s.items() if k != "replicas"},
+            }
+        )
+    return {
+        "method": _projection.__doc__.split("\n\n")[0].replace("\n    ", " ").strip(),
+        "episodes_per_s_per_replica": per_replica,
+        "cpu_ms_per_trained_episode": largest["cpu_ms_per_trained_episode"],
+        "driver_saturates_at_replicas": 1 / (per_replica * cost_s["driver"]),
+        "rows": rows,
+    }
+
+
 def _payload(
     args: argparse.Namespace,
     results: dict[str, dict[str, dict]],
@@ -526,6 +558,7 @@ def _payload(
     if scaling:
         largest = max(scaling, key=lambda row: (row["replicas"], row["max_concurrent_episodes"]))
         payload["control_plane_share_at_max"] = largest["driver_busy_share"]
+        payload["projection"] = _projection(scaling)
     validation = RESULTS / "sim_validation.json"  # bench/sim_validation.py: sim vs vLLM-CPU
     if validation.exists():
         payload["sim_vs_real_step_time_error"] = json.loads(validation.read_text())[
@@ -576,6 +609,24 @@ def _print_table(results: dict[str, dict[str, dict]]) -> None:
                 f"{sum(r['cpu_ms_per_trained_episode'].values()):.0f}",
             )
     Console(width=200).print(table)
+
+
+def _print_projection(projection: dict[str, Any]) -> None:
+    table = Table(title="Control plane past this machine (modeled from per-replica costs)")
+    for column in ("replicas", "episodes/s", "driver busy", "agent-loop worker cores"):
+        table.add_column(column, justify="right")
+    for row in projection["rows"]:
+        table.add_row(
+            str(row["replicas"]),
+            f"{row['episodes_per_s']:.1f}",
+            f"{row['driver_busy_share']:.0%}",
+            f"{row['cores'].get('agent_loop_workers', 0.0):.2f}",
+        )
+    Console(width=200).print(table)
+    Console().print(
+        f"the driver's event loop saturates at about "
+        f"{projection['driver_saturates_at_replicas']:.0f} replicas"
+    )
 
 
 def _print_scaling(scaling: list[dict[str, Any]]) -> None:
@@ -667,6 +718,7 @@ def main() -> None:
     _print_table(results)
     if scaling:
         _print_scaling(scaling)
+        _print_projection(_projection(scaling))
     Console().print(f"wrote {path} ({time.monotonic() - started:.0f} s)")
 
 
