@@ -298,6 +298,10 @@ class TrajectoryQueue:
         async with self._changed:
             self._changed.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
         """Wake every waiter; ``get_batch`` returns None once nothing usable is left."""
         self._closed = True

@@ -81,8 +81,11 @@ class AsyncBatches(BatchSource):
                 "gateway.sink=queue (and gateway.enabled=true, or a gateway of your own)"
             )
 
-    async def start(self) -> None:
-        """Start the producer (unless only gateway sessions are trained) and the inbox."""
+    async def start(self, version: int) -> None:
+        """Start the producer (unless only gateway sessions are trained) and the inbox;
+        a new queue when the last ``fit`` closed this one."""
+        if self.queue.closed:
+            self.queue = self._make_queue(version)
         if self.cfg.trainer.agent_loop_episodes:
             self._sources["producer"] = asyncio.create_task(
                 self._produce(), name="the rollout producer"

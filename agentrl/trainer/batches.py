@@ -67,8 +67,9 @@ class BatchSource:
     def check(self) -> None:
         """Raise ``ValueError`` when the config asks what this source cannot give."""
 
-    async def start(self) -> None:
-        """Before the first batch (the async source starts generating here)."""
+    async def start(self, version: int) -> None:
+        """Before the first batch of a ``fit``, with the weights of ``version`` served
+        (the async source starts generating here)."""
 
     async def next_batch(self, step: int, last: bool) -> StepBatch | None:
         """The batch of ``step`` (``last``: the run's last step); None: no more batches."""

@@ -183,7 +183,7 @@ class Trainer:
         step, or until the batch source has no more batches."""
         history = []
         await self.serve_restored_weights()
-        await self.batches.start()
+        await self.batches.start(self.version)
         try:
             await self._maybe_validate(force=True)
             total = self.cfg.trainer.total_steps

@@ -36,7 +36,7 @@ def _run(tmp_path: Path, total_steps: int) -> list[tuple[str, int]]:
     async def get_batch(*args, **kwargs) -> SimpleNamespace:
         return _batch()
 
-    queue = SimpleNamespace(get_batch=get_batch, finish_step=nothing, close=nothing)
+    queue = SimpleNamespace(get_batch=get_batch, finish_step=nothing, close=nothing, closed=False)
 
     async def produce() -> None:
         try:

@@ -22,5 +22,5 @@ def test_a_partial_group_larger_than_a_group_names_both_keys():
 def test_the_synchronous_trainer_refuses_the_straggler_options(option):
     cfg = load_config(None, ["rollout.n=4", option])
     ledger = RunLedger(Path("unused"), RowLoader([{"n": 0}], 1))
-    with pytest.raises(ValueError, match="without --sync, with trainer.max_staleness=0"):
+    with pytest.raises(ValueError, match=r"without --sync, with trainer\.max_staleness=0"):
         SyncBatches(cfg, None, ledger, None)
