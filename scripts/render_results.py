@@ -471,24 +471,7 @@ def _cluster_sim(data: dict) -> list[Row]:
                 spread=f"{mode['efficiency']:.0%} of the ideal bound, one run",
             )
         )
-        stragglers = [m for m in STRAGGLER_MODES if m in result["modes"]]
-        if stragglers:
-            rows.append(
-                Row(
-                    f"Simulated cluster, {workload}: straggler options at η = 0 "
-                    f"({', '.join(STRAGGLER_MODES[m] for m in stragglers)}) vs sync, "
-                    "trained tokens/s",
-                    " / ".join(
-                        f"{result['modes'][m]['trained_tokens_per_s']:.0f}" for m in stragglers
-                    ),
-                    "simulated-cluster",
-                    baseline=f"{sync['trained_tokens_per_s']:.0f} (sync)",
-                    ratio=" / ".join(
-                        _x(result["modes"][m]["speedup_over_sync"]) for m in stragglers
-                    ),
-                    spread="one run each",
-                )
-            )
+        rows += _straggler_rows(workload, result["modes"])
     largest = max(data["scaling"], key=lambda s: (s["replicas"], s["max_concurrent_episodes"]))
     busy = largest.get("driver_busy_share")
     rows.append(
@@ -504,6 +487,33 @@ def _cluster_sim(data: dict) -> list[Row]:
         )
     )
     return rows
+
+
+def _straggler_rows(workload: str, modes: dict[str, dict]) -> list[Row]:
+    """The straggler modes of one workload against its sync mode (none: no row)."""
+    stragglers = [m for m in STRAGGLER_MODES if m in modes]
+    if not stragglers or "sync" not in modes:
+        return []
+    return [
+        Row(
+            f"Simulated cluster, {workload}: straggler options at η = 0 "
+            f"({', '.join(STRAGGLER_MODES[m] for m in stragglers)}) vs sync, trained tokens/s",
+            " / ".join(f"{modes[m]['trained_tokens_per_s']:.0f}" for m in stragglers),
+            "simulated-cluster",
+            baseline=f"{modes['sync']['trained_tokens_per_s']:.0f} (sync)",
+            ratio=" / ".join(_x(modes[m]["speedup_over_sync"]) for m in stragglers),
+            spread="one run each",
+        )
+    ]
+
+
+def _cluster_sim_stragglers(data: dict) -> list[Row]:
+    """``cluster_sim.py --modes sync,oversample,partial_groups --tag stragglers``."""
+    return [
+        row
+        for workload, result in data["workloads"].items()
+        for row in _straggler_rows(workload, result["modes"])
+    ]
 
 
 def _sim_validation(data: dict) -> list[Row]:
@@ -528,6 +538,7 @@ ROWS: dict[str, Callable[[dict], list[Row]]] = {
     "env_recipe": _env_recipe,
     "async_vs_sync": _async_vs_sync,
     "cluster_sim": _cluster_sim,
+    "cluster_sim_stragglers": _cluster_sim_stragglers,
     "sim_validation": _sim_validation,
     "train_step": _train_step,
     "rollout_transport": _rollout_transport,

@@ -370,6 +370,27 @@ def test_straggler_modes_get_their_own_row_and_never_count_as_async(root):
     assert "driver busy 12% of the time" in page
 
 
+def test_a_straggler_only_run_renders_its_rows(root):
+    modes = {
+        "sync": {"trained_tokens_per_s": 100.0, "speedup_over_sync": 1.0},
+        "partial_groups": {"trained_tokens_per_s": 130.0, "speedup_over_sync": 1.3},
+    }
+    _write_result(
+        root,
+        "cluster_sim_stragglers",
+        {"benchmark": "cluster_sim", "workloads": {"rlvr": {"modes": modes}}},
+    )
+    render.write(root)
+    rows = [
+        line
+        for line in (root / "docs/benchmarks.md").read_text().splitlines()
+        if "straggler options" in line
+    ]
+    assert len(rows) == 1
+    assert "rlvr: straggler options at η = 0 (partial groups) vs sync" in rows[0]
+    assert "| 130 | 100 (sync) | 1.30× |" in rows[0]
+
+
 def test_the_env_recipe_row_gives_the_worst_seed_against_the_best_baseline(root):
     seeds = [
         {"seed": 0, "accuracy": 0.61, "gain": 0.001, "gain_in_se": 0.05},
