@@ -38,8 +38,9 @@ Stragglers: a long-tail episode holds only its own group. With ``oversample_grou
 the producer runs that many groups beyond the staleness rule's budget, so a batch is the
 first groups to finish; with ``min_group_size`` (partial groups), when the trainer waits
 for a batch and too few groups are complete, groups with at least that many finished
-episodes fill it, oldest first, and their stragglers are discarded when they finish
-(``async/late_episodes``; their rule slot counts as used, as their group's did).
+episodes fill it, oldest first; the stragglers' slots are freed at once, so the next
+groups need not wait for them, and they are discarded when they finish
+(``async/late_episodes``).
 
 Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
 can ever form (nothing running, no room for the producer to start a group, no external
@@ -178,9 +179,7 @@ class TrajectoryQueue:
             raise ValueError(f"episode {episode.episode_id} was already put")
         self._seen.add(episode.episode_id)
         if episode.group_id in self._cut_groups:
-            # Its group was trained without it; its slot stays used, as the group's
-            # other episodes' do, so the rule's budget per step holds.
-            self._rule.finish(kept=True)
+            # Its group went to a batch without it, and its slot was freed then.
             self._counts["late_episodes"] += 1
             return
         self._rule.finish(kept=episode.ok)
@@ -322,6 +321,10 @@ class TrajectoryQueue:
                 continue
             del self._open[group_id]
             self._cut_groups.add(group_id)
+            # The stragglers' slots are freed now, so the next groups start at once
+            # instead of waiting for them (they run on, beside the next groups).
+            for _ in range(self.group_size - len(group)):
+                self._rule.finish(kept=False)
             self._complete[group_id] = sorted(group, key=lambda e: e.sample_index)
             self._counts["partial_groups"] += 1
 
