@@ -38,9 +38,9 @@ Stragglers: a long-tail episode holds only its own group. With ``oversample_grou
 the producer runs that many groups beyond the staleness rule's budget, so a batch is the
 first groups to finish; with ``min_group_size`` (partial groups), when the trainer waits
 for a batch and too few groups are complete, groups with at least that many finished
-episodes fill it, oldest first; the stragglers' slots are freed at once, so the next
-groups need not wait for them, and they are discarded when they finish
-(``async/late_episodes``).
+episodes fill it, oldest first; the stragglers count as finished for the staleness rule
+(their slots are this step's), so the next step's groups need not wait for them, and
+they are discarded when they finish (``async/late_episodes``).
 
 Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
 can ever form (nothing running, no room for the producer to start a group, no external
@@ -321,10 +321,11 @@ class TrajectoryQueue:
                 continue
             del self._open[group_id]
             self._cut_groups.add(group_id)
-            # The stragglers' slots are freed now, so the next groups start at once
-            # instead of waiting for them (they run on, beside the next groups).
+            # The stragglers count as finished now: their slots belong to this step's
+            # budget (none frees before the step ends, or the groups started in it would
+            # be stale), and the next step's groups need not wait for them.
             for _ in range(self.group_size - len(group)):
-                self._rule.finish(kept=False)
+                self._rule.finish(kept=True)
             self._complete[group_id] = sorted(group, key=lambda e: e.sample_index)
             self._counts["partial_groups"] += 1
 

@@ -284,13 +284,14 @@ async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_lat
     await q.put(_episode("b", 0))
     batch = await asyncio.wait_for(getter, 1)
     assert [[e.episode_id for e in g] for g in batch.groups] == [["a-0", "a-2"], ["b-0", "b-1"]]
-    # 4 groups of 3 started, 4 episodes back; the stragglers' slots (a-1, b-2) were freed
-    # when their groups were taken.
-    assert (q._rule.running, q._rule.accepted) == (12 - 4 - 2, 4)
+    # 4 groups of 3 started, 4 episodes back; the stragglers (a-1, b-2) count as finished
+    # from when their groups were taken: no slot frees before the step ends.
+    assert (q._rule.running, q._rule.accepted) == (12 - 4 - 2, 4 + 2)
+    assert q._rule.capacity == 0
     await q.put(_episode("a", 1))  # the straggler: never trained, never a group again
     assert q.metrics()["async/late_episodes"] == 1
     assert q.metrics()["async/partial_groups"] == 2
-    assert (q._rule.running, q._rule.accepted) == (12 - 4 - 2, 4)
+    assert (q._rule.running, q._rule.accepted) == (12 - 4 - 2, 4 + 2)
     assert q.pending_episode_ids() == []
 
 
