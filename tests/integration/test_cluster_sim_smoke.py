@@ -30,25 +30,25 @@ def ray_session():
     ray.shutdown()
 
 
+def _sim_config(tiny_checkpoint, tmp_path, *extra: str):
+    """The toy task on 2 sim replicas of long-tail answers and the sim trainer."""
+    sim = [
+        "server.num_replicas=2",
+        "server.engine.backend=sim",
+        "server.engine.max_model_len=2048",
+        "server.engine.sim.response_length_median=200",
+        "server.engine.sim.response_length_p99=1500",
+        f"server.engine.sim.time_scale={SCALE}",
+        "rollout.max_response_length=1600",
+        "workers.backend=sim",
+        "workers.sim.num_gpus=2",
+    ]
+    return toy_config(tiny_checkpoint, tmp_path, STEPS, extra=[*sim, *extra])
+
+
 async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_checkpoint, tmp_path):
     start = time.perf_counter()
-    cfg = toy_config(
-        tiny_checkpoint,
-        tmp_path,
-        STEPS,
-        extra=[
-            "server.num_replicas=2",
-            "server.engine.backend=sim",
-            "server.engine.max_model_len=2048",
-            "server.engine.sim.response_length_median=200",
-            "server.engine.sim.response_length_p99=1500",
-            f"server.engine.sim.time_scale={SCALE}",
-            "rollout.max_response_length=1600",
-            "workers.backend=sim",
-            "workers.sim.num_gpus=2",
-            "trainer.max_staleness=1",
-        ],
-    )
+    cfg = _sim_config(tiny_checkpoint, tmp_path, "trainer.max_staleness=1")
     trainer = AsyncTrainer(cfg)
     trainer.setup()
     try:
@@ -85,23 +85,8 @@ async def test_the_straggler_options_keep_synchronous_steps_on_one_version(
     groups, each with at least min_group_size episodes, all sampled by the version the
     step starts from (the over-sampled groups that finish a step late are stale, and
     dropped)."""
-    cfg = toy_config(
-        tiny_checkpoint,
-        tmp_path,
-        STEPS,
-        extra=[
-            "server.num_replicas=2",
-            "server.engine.backend=sim",
-            "server.engine.max_model_len=2048",
-            "server.engine.sim.response_length_median=200",
-            "server.engine.sim.response_length_p99=1500",
-            f"server.engine.sim.time_scale={SCALE}",
-            "rollout.max_response_length=1600",
-            "workers.backend=sim",
-            "workers.sim.num_gpus=2",
-            "trainer.max_staleness=0",
-            "trainer.oversample_groups=1",
-        ],
+    cfg = _sim_config(
+        tiny_checkpoint, tmp_path, "trainer.max_staleness=0", "trainer.oversample_groups=1"
     )
     cfg.trainer.min_group_size = cfg.rollout.n - 1
     trainer = AsyncTrainer(cfg)
