@@ -8,7 +8,6 @@ import os
 import uuid
 from typing import Any
 
-import torch
 from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
@@ -147,6 +146,13 @@ def _plugin_env() -> dict[str, str]:
     return plugin_runtime_env().get("env_vars", {})
 
 
+def _gpus_per_engine(engine: EngineConfig) -> int:
+    """GPUs a replica of a real engine takes: its tensor-parallel size where CUDA is present."""
+    import torch  # here, not at the top: replicas of modeled engines never load torch
+
+    return engine.tensor_parallel_size if torch.cuda.is_available() else 0
+
+
 def build_rollout_app(
     model: ModelConfig, server: ServerConfig, actor_resources: dict[str, float] | None = None
 ) -> Application:
@@ -157,8 +163,7 @@ def build_rollout_app(
     engine = server.engine
     num_gpus = server.num_gpus_per_replica
     if num_gpus is None:  # a modeled (sim) or model-less (null) engine never takes one
-        modeled = engine.backend in ("null", "sim")
-        num_gpus = engine.tensor_parallel_size if torch.cuda.is_available() and not modeled else 0
+        num_gpus = 0 if engine.backend in ("null", "sim") else _gpus_per_engine(engine)
     options: dict[str, Any] = {
         "name": DEPLOYMENT_NAME,
         "num_replicas": server.num_replicas,

@@ -6,13 +6,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agentrl.core.types import PauseMode, RolloutError, SamplingParams, TokenOutput
 
-NamedTensors = Iterable[tuple[str, torch.Tensor]]
+if TYPE_CHECKING:
+    import torch
+
+# A string inside the alias keeps torch out of engines that never see a tensor (sim, null).
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from agentrl.core.types import PauseMode, RolloutError
 from agentrl.server.engine import RolloutEngine
 
-NamedTensor = tuple[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# A string inside the alias: replicas of modeled engines (sim, null) never load torch.
+NamedTensor = tuple[str, "torch.Tensor"]
 
 DEFAULT_BUCKET_BYTES = 512 * 1024**2
 """Bucket size of a weight push, and of the chunks in which a ``WeightSource`` hands its

@@ -136,9 +136,39 @@ async def exercise():
 asyncio.run(exercise())
 """
 
+# A replica of the simulated engine: it answers and takes a pushed version.
+_SIM_ENGINE = """
+import asyncio
+from agentrl.core.config import ModelConfig
+from agentrl.core.types import PauseMode, SamplingParams
+from agentrl.server.config import EngineConfig
+from agentrl.server.factory import create_engine
+from agentrl.server.weight_transport import receiver_class
+
+async def exercise():
+    sim = {"time_scale": 1e-4, "token_ids": [11], "eos_token_id": 99}
+    engine = create_engine(
+        ModelConfig(path="unused"), EngineConfig(backend="sim", sim=sim, max_model_len=4096)
+    )
+    await engine.generate("r", [1, 2], SamplingParams(max_tokens=4))
+
+    async def bucket():
+        return []
+
+    await receiver_class("object_store")(engine, "r-0").swap([bucket()], 1, PauseMode.KEEP)
+    await engine.shutdown()
+
+asyncio.run(exercise())
+"""
+
+# What a modeled replica (sim, null) may not load: the simulated cluster holds a hundred of
+# them on one machine, and torch alone is most of a replica's memory.
+_TORCH = ("torch", "torch.*", "transformers", "transformers.*")
+
 CONTRACTS = [
     # A rollout replica: its engine answers and takes a weight push through a receiver.
-    Contract("agentrl.server.deployment", SERVER, _NULL_ENGINE),
+    Contract("agentrl.server.deployment", SERVER, _NULL_ENGINE, forbidden=_TORCH),
+    Contract("agentrl.server.sim_engine", SERVER, _SIM_ENGINE, forbidden=_TORCH),
     Contract(
         "agentrl.server.vllm_engine",
         SERVER,
