@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -60,7 +61,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,14 @@ def _lognormal(rng: np.random.Generator, median: float, p99: float, size: int) -
     return rng.lognormal(math.log(median), sigma, size=size)
 
 
+def _row_count(args: argparse.Namespace) -> int:
+    """``ROWS``, or one batch where a batch is larger (the loader cycles through them)."""
+    return max(ROWS, args.batch)
+
+
 def _rlvr_rows(args: argparse.Namespace, rng: np.random.Generator) -> list[dict]:
-    lengths = np.clip(np.rint(_lognormal(rng, args.rlvr_median, args.rlvr_p99, ROWS)), 1, None)
+    count = _row_count(args)
+    lengths = np.clip(np.rint(_lognormal(rng, args.rlvr_median, args.rlvr_p99, count)), 1, None)
     lengths = np.minimum(lengths, args.max_response).astype(int)
     return [
         _row(i, {"response_tokens": int(length)}, "agentrl.testing.loops:FixedLengthLoop")
@@ -135,7 +142,7 @@ def _rlvr_rows(args: argparse.Namespace, rng: np.random.Generator) -> list[dict]
 
 def _agentic_rows(args: argparse.Namespace, rng: np.random.Generator) -> list[dict]:
     rows = []
-    for i in range(ROWS):
+    for i in range(_row_count(args)):
         turns = int(rng.integers(args.turns[0], args.turns[1] + 1))
         tokens = np.clip(np.rint(_lognormal(rng, args.turn_median, args.turn_p99, turns)), 1, None)
         latency = _lognormal(rng, args.tool_median_s, args.tool_p99_s, turns - 1)
@@ -248,7 +255,11 @@ class Recorder:
         logged = await super()._finish_step(metrics)
         if self.step in (1, self.cfg.trainer.total_steps):
             self.snapshots.append(
-                {"replicas": await self.processes.client.control.stats(), "cpu": _cpu_by_process()}
+                {
+                    "replicas": await self.processes.client.control.stats(),
+                    "cpu": _cpu_by_process(),
+                    "memory_mb": _memory_mb(),
+                }
             )
         return logged | {"bench/end_s": time.perf_counter()}
 
@@ -268,16 +279,30 @@ class SimAsyncTrainer(Recorder, AsyncTrainer):
 def _cpu_by_process() -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) of this process and every Ray process, by pid, with the
     component each belongs to."""
+    return {
+        proc.pid: (name, times.user + times.system)
+        for proc, name in _run_processes()
+        if (times := proc.info["cpu_times"]) is not None
+    }
+
+
+def _memory_mb() -> dict[str, float]:
+    """Proportional set size (shared pages split among their users) of every component, in
+    MB: what the run's processes hold of this machine's memory."""
+    held: Counter[str] = Counter()
+    for proc, name in _run_processes():
+        with contextlib.suppress(psutil.Error):
+            held[name] += proc.memory_full_info().pss / 2**20
+    return dict(held)
+
+
+def _run_processes() -> Iterator[tuple[psutil.Process, str]]:
+    """This process and every Ray process, each with the component it belongs to."""
     me = os.getpid()
-    out = {}
     for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-        cmdline, times = proc.info["cmdline"] or [""], proc.info["cpu_times"]
-        if times is None:
-            continue
-        name = _component(cmdline[0], proc.info["pid"] == me)
+        name = _component((proc.info["cmdline"] or [""])[0], proc.info["pid"] == me)
         if name is not None:
-            out[proc.info["pid"]] = (name, times.user + times.system)
-    return out
+            yield proc, name
 
 
 def _component(title: str, driver: bool) -> str | None:
@@ -380,6 +405,8 @@ def _measure(
         "cpu_share_of_wall": sum(cpu.values()) / (modeled * scale),
         "driver_busy_share": cpu.get("driver", 0.0) / modeled,
         "load_avg_1m": os.getloadavg()[0],
+        "memory_mb": last["memory_mb"],
+        "time_scale": scale,
     }
 
 
@@ -425,7 +452,7 @@ def _workload_spec(args: argparse.Namespace, workload: str) -> dict[str, Any]:
             "tool_latency_p50_p90_p99_s": [float(np.percentile(latency, q)) for q in (50, 90, 99)],
         }
     return spec | {
-        "rows": ROWS,
+        "rows": _row_count(args),
         "model_tokens_mean": float(lengths.mean()),
         "model_tokens_p50_p90_p99_max": [
             *(float(np.percentile(lengths, q)) for q in (50, 90, 99)),
@@ -446,15 +473,26 @@ SCALING_FIELDS = (
     "driver_busy_share",
     "cpu_ms_per_trained_episode",
     "wall_s",
+    "time_scale",
+    "memory_mb",
 )
 
 
 def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
-    """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS]``: prompts per step
-    given, or scaled with the replicas (the same episodes per replica as the main runs)."""
-    replicas, workers, *prompts = (int(x) for x in point.split("x"))
+    """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS][@TIME_SCALE]``:
+    prompts per step given, or scaled with the replicas (the same episodes per replica as
+    the main runs); a time scale of its own where more replicas would outrun this
+    machine's cores at the main runs' one."""
+    shape, _, time_scale = point.partition("@")
+    replicas, workers, *prompts = (int(x) for x in shape.split("x"))
     scaled = argparse.Namespace(
-        **{**vars(args), "replicas": replicas, "workers": workers, "steps": args.scale_steps}
+        **{
+            **vars(args),
+            "replicas": replicas,
+            "workers": workers,
+            "steps": args.scale_steps,
+            "time_scale": float(time_scale) if time_scale else args.time_scale,
+        }
     )
     scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
     result = asyncio.run(_run(scaled, "agentic", "eta1"))
@@ -632,7 +670,7 @@ def _print_projection(projection: dict[str, Any]) -> None:
 def _print_scaling(scaling: list[dict[str, Any]]) -> None:
     table = Table(title="Agentic workload at eta = 1: scale")
     columns = ("replicas", "workers", "peak episodes", "tokens/s", "efficiency", "engine lag s")
-    for column in (*columns, "CPU share of wall", "driver busy", "CPU ms/episode"):
+    for column in (*columns, "CPU share of wall", "driver busy", "CPU ms/episode", "memory GB"):
         table.add_column(column, justify="right")
     for row in scaling:
         table.add_row(
@@ -645,6 +683,7 @@ def _print_scaling(scaling: list[dict[str, Any]]) -> None:
             f"{row['cpu_share_of_wall']:.2f}",
             f"{row['driver_busy_share']:.1%}",
             f"{sum(row['cpu_ms_per_trained_episode'].values()):.0f}",
+            f"{sum(row['memory_mb'].values()) / 1024:.1f}",
         )
     Console(width=200).print(table)
 
@@ -675,8 +714,9 @@ def main() -> None:
     parser.add_argument(
         "--scale",
         default="",
-        help="then the agentic workload at eta1 at these REPLICASxWORKERS[xPROMPTS] points "
-        "(8x2,16x4,32x16x640,...); prompts per step scaled with the replicas unless given",
+        help="then the agentic workload at eta1 at these REPLICASxWORKERS[xPROMPTS][@TIME_SCALE] "
+        "points (8x2,16x4,128x8x640@1.5,...); prompts per step scaled with the replicas and "
+        "the time scale --time-scale unless given",
     )
     parser.add_argument(
         "--scale-steps", type=int, default=8, help="steps of each scale point (one warms up)"
@@ -691,6 +731,10 @@ def main() -> None:
     if not set(modes) <= set(MODES):
         parser.error(f"--modes: any of {', '.join(MODES)}")
     _console_logging()
+    # Serve exports each replica's metrics every 100 ms by default; a hundred replicas
+    # idling on this machine's two cores spend a third of their CPU on it (on a cluster,
+    # each has cores of its own). Once a second keeps them apart from the modeled GPU time.
+    os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
     args.started = provenance(ROOT, MEASURED)
     path = RESULTS / (f"cluster_sim_{args.tag}.json" if args.tag else "cluster_sim.json")
     results: dict[str, dict[str, dict]] = {}

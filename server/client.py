@@ -313,11 +313,10 @@ class DataClient:
         """
         requests = [request for request, _ in group]
         in_flight = [True]  # read by the callbacks: a cancel after the call ended aborts nothing
-        if len(requests) > 1:
-            for request, future in group:
-                future.add_done_callback(
-                    partial(self._abort_if_cancelled, request["request_id"], in_flight)
-                )
+        for request, future in group:
+            future.add_done_callback(
+                partial(self._abort_if_cancelled, request["request_id"], in_flight)
+            )
         try:
             if len(requests) == 1:
                 outcomes = [await _await(self._send_one(requests[0]), self._timeout_s)]
@@ -342,9 +341,9 @@ class DataClient:
     def _abort_if_cancelled(
         self, request_id: str, in_flight: list[bool], future: asyncio.Future
     ) -> None:
-        """A caller gave up on one request of a coalesced call (e.g. its episode timed
-        out): the call runs on for the others, so stop that request's generation on the
-        replica, as cancelling a call of its own would."""
+        """A caller gave up on a request of a coalesced call (its episode timed out or was
+        cancelled): the call runs on (for the others, if any), so stop that request's
+        generation on the replica."""
         if future.cancelled() and in_flight[0]:
             task = asyncio.get_running_loop().create_task(self._control.abort(request_id))
             self._aborting.add(task)

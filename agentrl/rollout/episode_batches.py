@@ -9,13 +9,21 @@ together come back in a few messages.
 
 ``EpisodeStreamer`` is the worker's side (mixed into ``AgentLoopWorker`` and into any
 stand-in with an async ``run_episode``); ``EpisodeBatches`` is the manager's.
+
+An episode whose caller gives up (its future is cancelled: a straggler of a group that
+trained without it, a run that stops) is cancelled on its worker too, so it stops using
+the worker and the engine: the agent loop's pending generation is aborted on its
+replica (``DataClient``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
+import ray
 from ray.actor import ActorHandle
 
 from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
@@ -32,13 +40,16 @@ class EpisodeStreamer:
 
     async def run_episodes(self, requests: list[EpisodeRequest]) -> AsyncIterator[Chunk]:
         """Run ``requests`` concurrently; yield what has finished each time the caller
-        takes the next chunk. An exception from ``run_episode`` ends the batch with it."""
+        takes the next chunk (an episode cancelled by ``cancel_episodes`` never comes).
+        An exception from ``run_episode`` ends the batch with it."""
+        running = self._running_episodes()
         finished: asyncio.Queue[asyncio.Task[EpisodeResult]] = asyncio.Queue()
         positions: dict[asyncio.Task[EpisodeResult], int] = {}
         for position, request in enumerate(requests):
             task = asyncio.ensure_future(self.run_episode(request))
             task.add_done_callback(finished.put_nowait)
             positions[task] = position
+            running[request.episode_id] = task
         try:
             left = len(requests)
             while left:
@@ -46,10 +57,25 @@ class EpisodeStreamer:
                 while not finished.empty():
                     done.append(finished.get_nowait())
                 left -= len(done)
-                yield [(positions[task], task.result()) for task in done]
+                chunk = [(positions[task], task.result()) for task in done if not task.cancelled()]
+                if chunk:
+                    yield chunk
         finally:
-            for task in positions:
+            for request, task in zip(requests, positions, strict=True):
                 task.cancel()
+                running.pop(request.episode_id, None)
+
+    def _running_episodes(self) -> dict[str, asyncio.Task[EpisodeResult]]:
+        """Every batch's running episodes by id (a mixin has no ``__init__`` to make it)."""
+        return self.__dict__.setdefault("_running_episodes_by_id", {})
+
+    async def cancel_episodes(self, episode_ids: list[str]) -> int:
+        """Cancel these running episodes (ids not running are ignored); how many were."""
+        running = self._running_episodes()
+        tasks = [running[i] for i in episode_ids if i in running and not running[i].done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
 
 
 class EpisodeBatches:
@@ -62,6 +88,8 @@ class EpisodeBatches:
     def __init__(self) -> None:
         self._forming: dict[int, list[tuple[EpisodeRequest, asyncio.Future[EpisodeResult]]]] = {}
         self._calls: set[asyncio.Task[None]] = set()
+        # Episodes given up on this tick, per worker: one cancel_episodes call each.
+        self._cancelling: dict[int, list[str]] = {}
 
     def submit(
         self, index: int, worker: ActorHandle, request: EpisodeRequest
@@ -84,14 +112,28 @@ class EpisodeBatches:
         self._calls.add(call)
         call.add_done_callback(self._calls.discard)
 
-        def drop_when_unwanted(_: asyncio.Future[EpisodeResult]) -> None:
-            # Every caller gave up (cancelled): stop listening, as an abandoned
-            # single call would; the worker finishes the episodes on its own.
+        def drop_when_unwanted(future: asyncio.Future[EpisodeResult], episode_id: str) -> None:
+            if future.cancelled() and not call.done():
+                self._cancel_on_worker(index, worker, episode_id)
             if all(future.done() for future in futures):
-                call.cancel()
+                call.cancel()  # nothing left to listen for
 
-        for future in futures:
-            future.add_done_callback(drop_when_unwanted)
+        for request, future in batch:
+            future.add_done_callback(partial(drop_when_unwanted, episode_id=request.episode_id))
+
+    def _cancel_on_worker(self, index: int, worker: ActorHandle, episode_id: str) -> None:
+        """Cancel ``episode_id`` on worker ``index``, with the others of this tick."""
+        ids = self._cancelling.get(index)
+        if ids is None:
+            ids = self._cancelling[index] = []
+            asyncio.get_running_loop().call_soon(self._send_cancels, index, worker)
+        ids.append(episode_id)
+
+    def _send_cancels(self, index: int, worker: ActorHandle) -> None:
+        ids = self._cancelling.pop(index)
+        call = asyncio.get_running_loop().create_task(_cancel(worker, ids))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
 
     @staticmethod
     async def _call(
@@ -112,3 +154,9 @@ class EpisodeBatches:
             for future in futures:
                 if not future.done():
                     future.set_exception(error)
+
+
+async def _cancel(worker: ActorHandle, episode_ids: list[str]) -> None:
+    # A worker that died meanwhile has cancelled everything already.
+    with contextlib.suppress(ray.exceptions.RayError):
+        await worker.cancel_episodes.remote(episode_ids)

@@ -39,8 +39,9 @@ the producer runs that many groups beyond the staleness rule's budget, so a batc
 first groups to finish; with ``min_group_size`` (partial groups), when the trainer waits
 for a batch and too few groups are complete, groups with at least that many finished
 episodes fill it, oldest first; the stragglers count as finished for the staleness rule
-(their slots are this step's), so the next step's groups need not wait for them, and
-they are discarded when they finish (``async/late_episodes``).
+(their slots are this step's), so the next step's groups need not wait for them; the
+async trainer cancels them on their workers and engines (``async/aborted_stragglers``),
+and one that finished meanwhile is discarded (``async/late_episodes``).
 
 Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
 can ever form (nothing running, no room for the producer to start a group, no external

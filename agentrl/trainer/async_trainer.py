@@ -32,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
+from functools import partial
 from typing import TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agentrl.config import AgentRLConfig
-from agentrl.rollout.episode import EpisodeRequest
+from agentrl.rollout.episode import EpisodeRequest, EpisodeResult
 from agentrl.rollout.manager import AgentLoopManager
 from agentrl.rollout.queue import SessionInbox, TrajectoryQueue, drain_inbox
 from agentrl.server.gateway.sink import queue_actor_name
@@ -72,6 +73,9 @@ class AsyncBatches(BatchSource):
         self._gen_clock = _BusyClock()
         # What fills the queue: tasks that end only by failing, named for their error.
         self._sources: dict[str, asyncio.Task] = {}
+        # The producer's running episode tasks, by group: a partial group's stragglers
+        # are cancelled when it goes to a batch.
+        self._episodes: dict[str, dict[str, asyncio.Task]] = {}
 
     def check(self) -> None:
         sink = self.cfg.gateway.sink
@@ -163,13 +167,25 @@ class AsyncBatches(BatchSource):
             return None
         if last and "producer" in self._sources:
             await _stop(self._sources.pop("producer"))
+        aborted = sum(self._abort_stragglers(group) for group in batch.groups)
         return StepBatch(
             batch.episodes,
             self.ledger.rows_by_group,
             [group[0].group_id for group in batch.groups],
             batch.dropped_group_ids,
-            batch.metrics,
+            batch.metrics | {"async/aborted_stragglers": float(aborted)},
         )
+
+    def _abort_stragglers(self, group: list[EpisodeResult]) -> int:
+        """Cancel the episodes of a partial ``group`` that are still running (on their
+        workers and engines too, so they stop taking turns from the next step's
+        episodes); how many there were."""
+        trained = {episode.episode_id for episode in group}
+        tasks = self._episodes.pop(group[0].group_id, {})
+        stragglers = [t for i, t in tasks.items() if i not in trained and not t.done()]
+        for task in stragglers:
+            task.cancel()
+        return len(stragglers)
 
     async def step_done(self, version: int) -> dict[str, float]:
         """The step's batch frees its slots; generation may run ``η`` versions ahead of
@@ -191,8 +207,12 @@ class AsyncBatches(BatchSource):
         failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         episodes: set[asyncio.Task] = set()
 
-        def watch(task: asyncio.Task) -> None:
+        def watch(task: asyncio.Task, request: EpisodeRequest) -> None:
             episodes.discard(task)
+            group = self._episodes.get(request.group_id, {})
+            group.pop(request.episode_id, None)
+            if not group:
+                self._episodes.pop(request.group_id, None)
             if not task.cancelled() and task.exception() and not failure.done():
                 failure.set_exception(task.exception())
 
@@ -210,7 +230,9 @@ class AsyncBatches(BatchSource):
                     for request in group:
                         task = asyncio.create_task(self.run_one(request))
                         episodes.add(task)
-                        task.add_done_callback(watch)
+                        group_tasks = self._episodes.setdefault(request.group_id, {})
+                        group_tasks[request.episode_id] = task
+                        task.add_done_callback(partial(watch, request=request))
                         self._gen_clock.track(task)
         finally:
             for task in episodes:

@@ -290,7 +290,8 @@ class TrainerConfig(Section):
         ge=1,
         description="Async training: partial groups. When the trainer waits for a batch, "
         "a group with at least this many finished episodes fills it without its "
-        "stragglers, which are discarded when they finish (`async/late_episodes`). "
+        "stragglers, which are cancelled on their workers and engines "
+        "(`async/aborted_stragglers`). "
         "Null = rollout.n (whole groups only).",
     )
     agent_loop_episodes: bool = Field(

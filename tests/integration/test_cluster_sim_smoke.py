@@ -6,6 +6,7 @@ the weight push and the checkpoint are real; only GPU time is modeled (slept).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from ray import serve
 from toy_task import toy_config
 
+from agentrl.rollout.episode import make_requests
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.checkpoint import TRAINER_STATE_FILE
 
@@ -84,7 +86,7 @@ async def test_the_straggler_options_keep_synchronous_steps_on_one_version(
     """η = 0 with over-sampling and partial groups: every step trains a full batch of
     groups, each with at least min_group_size episodes, all sampled by the version the
     step starts from (the over-sampled groups that finish a step late are stale, and
-    dropped)."""
+    dropped); a partial group's stragglers are cancelled."""
     cfg = _sim_config(
         tiny_checkpoint, tmp_path, "trainer.max_staleness=0", "trainer.oversample_groups=1"
     )
@@ -109,3 +111,45 @@ async def test_the_straggler_options_keep_synchronous_steps_on_one_version(
         + len(trainer.batches.queue.pending_episode_ids())
     )
     assert accounted == queue["async/episodes_in"]
+    if queue.get("async/partial_groups", 0):
+        assert sum(h["async/aborted_stragglers"] for h in history) > 0
+
+
+async def _replica_stats_until(trainer, done, timeout_s: float = 60.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = await trainer.processes.client.control.stats()
+        if done(stats) or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.2)
+
+
+async def test_an_episode_given_up_is_aborted_on_its_replica(tiny_checkpoint, tmp_path):
+    """Cancelling an episode's task in the driver (a partial group's straggler, a stopping
+    run) cancels it on its agent-loop worker, whose pending generation ends on the
+    replica at once instead of at its length."""
+    cfg = _sim_config(
+        tiny_checkpoint,
+        tmp_path,
+        "server.num_replicas=1",
+        "server.engine.sim.response_length_median=1500",
+        "server.engine.sim.response_length_p99=1500",
+        "server.engine.sim.time_scale=1.0",  # 1500 tokens: about 20 s of modeled decode
+    )
+    trainer = AsyncTrainer(cfg)
+    trainer.setup()
+    try:
+        manager = trainer.processes.manager
+        rows = [{"prompt": [{"role": "user", "content": "Count to a thousand."}]}]
+        requests = make_requests(rows, 2, manager.default_sampling())
+        episodes = [asyncio.create_task(manager.run(r)) for r in requests]
+        running = await _replica_stats_until(trainer, lambda s: s[0]["num_running"] == 2)
+        assert running[0]["num_running"] == 2
+        episodes[0].cancel()
+        after = await _replica_stats_until(trainer, lambda s: s[0]["aborted"] == 1, 10.0)
+        assert (after[0]["aborted"], after[0]["num_running"]) == (1, 1)
+        assert not episodes[1].done()
+        episodes[1].cancel()
+        await asyncio.gather(*episodes, return_exceptions=True)
+    finally:
+        trainer.shutdown()

@@ -61,6 +61,21 @@ async def test_the_worker_yields_each_episode_as_it_finishes_and_all_of_them_onc
     assert all(r.episode_id == requests[p].episode_id for p, r in rest)
 
 
+async def test_an_episode_cancelled_on_the_worker_never_comes_and_the_rest_do():
+    worker, requests = WaitingWorker(), _requests(3)
+    stream = worker.run_episodes(requests)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.01)
+    assert worker.started == 3
+    assert await worker.cancel_episodes([requests[1].episode_id, "not-running"]) == 1
+    worker.release(0)
+    worker.release(2)
+    chunks = [await first, *[chunk async for chunk in stream]]
+    assert sorted(p for chunk in chunks for p, _ in chunk) == [0, 2]
+    assert worker.cancelled == 1
+    assert await worker.cancel_episodes([requests[0].episode_id]) == 0  # finished and gone
+
+
 async def test_the_worker_cancels_its_episodes_when_the_stream_is_closed():
     worker = WaitingWorker()
     stream = worker.run_episodes(_requests(3))
@@ -107,12 +122,23 @@ class _Stream:
         return future
 
 
+class _Cancel:
+    def __init__(self, actor: StandInActor) -> None:
+        self.actor = actor
+
+    def remote(self, episode_ids: list[str]):
+        self.actor.cancel_calls.append(list(episode_ids))
+        return self.actor.worker.cancel_episodes(episode_ids)
+
+
 class StandInActor:
     def __init__(self, dies_after: int | None = None) -> None:
         self.worker = WaitingWorker()
         self.calls: list[int] = []
+        self.cancel_calls: list[list[str]] = []
         self.dies_after = dies_after
         self.run_episodes = _Method(self)
+        self.cancel_episodes = _Cancel(self)
 
 
 async def test_episodes_submitted_in_one_tick_travel_as_one_call_per_worker():
@@ -162,3 +188,19 @@ async def test_the_call_is_dropped_once_every_caller_gave_up():
         future.cancel()
     await asyncio.sleep(0.01)
     assert not batches._calls  # nothing is left pending when the loop closes
+
+
+async def test_an_episode_its_caller_gave_up_on_is_cancelled_on_its_worker():
+    batches, actor = EpisodeBatches(), StandInActor()
+    requests = _requests(3)
+    futures = [batches.submit(0, actor, r) for r in requests]
+    await asyncio.sleep(0.01)
+    futures[0].cancel()
+    futures[2].cancel()  # the same tick: one cancel call for both
+    await asyncio.sleep(0.01)
+    assert actor.cancel_calls == [[requests[0].episode_id, requests[2].episode_id]]
+    assert actor.worker.cancelled == 2
+    actor.worker.release(1)
+    assert (await futures[1]).agent_name == "row1"  # the batch goes on without them
+    await asyncio.sleep(0.01)
+    assert not batches._calls

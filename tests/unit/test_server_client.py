@@ -349,3 +349,27 @@ async def test_a_request_given_up_in_a_batch_is_aborted_on_the_replica_the_rest_
     assert calls[0].cancelled()
     aborts = [c for n, c in replicas.calls if n == "abort"]
     assert aborts == [{"args": ("r-s0",)}]  # the request that finished is not aborted
+
+
+async def test_a_lone_request_given_up_is_aborted_on_the_replica():
+    """A coalescing client sends a lone first try as its own call, which runs on when
+    its caller gives up (a cancelled episode): the replica is told to stop it."""
+    replicas = _Replicas()
+    client = _coalescing(replicas)
+    gate = asyncio.Event()
+    serve_one = replicas.generate.remote
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await serve_one(*args, **kwargs)
+
+    replicas.generate.remote = held
+    call = asyncio.create_task(client.generate("s0", [1], request_id="r-s0"))
+    await asyncio.sleep(0.01)
+    call.cancel()
+    await asyncio.sleep(0.01)
+    assert replicas.calls[-1] == ("abort", {"args": ("r-s0",)})
+    gate.set()
+    await asyncio.sleep(0.01)
+    assert call.cancelled()
+    assert [n for n, _ in replicas.calls].count("abort") == 1
