@@ -53,10 +53,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REPLICA_PROCESS_BYTES = 512 * 1024**2
+REPLICA_PROCESS_BYTES = 192 * 1024**2
 """Memory one simulated rollout replica process takes in the recording run: a Ray Serve
-replica with the sim engine is about 400 MB resident here (``ps`` during a recording with
-two replicas), rounded up."""
+replica with the sim engine (no torch) holds about 130 MB (proportional set size,
+``bench/cluster_sim.py``'s ``memory_mb``), with headroom for its requests."""
+REPLICA_IDLE_CORES = 0.02
+"""CPU an idle simulated replica process takes (Ray's core worker and Serve's loops: 16
+idle replicas took 0.33 cores here); idle replicas may take half of the cores at most, so
+that the modeled time is kept."""
 
 REPLAY_STEPS = 5
 """Training steps each candidate split replays; the first warms up and is not measured."""
@@ -538,9 +542,11 @@ async def _replay(
 # -- the recording run -----------------------------------------------------------------------
 
 
-def machine_replica_limit(available_bytes: int) -> int:
-    """Simulated replica processes this machine can hold with ``available_bytes`` free."""
-    return max(1, available_bytes // REPLICA_PROCESS_BYTES)
+def machine_replica_limit(available_bytes: int, cores: int) -> int:
+    """Simulated replica processes this machine can hold with ``available_bytes`` free
+    and ``cores`` CPU cores."""
+    by_cpu = int(cores * 0.5 / REPLICA_IDLE_CORES)
+    return max(1, min(available_bytes // REPLICA_PROCESS_BYTES, by_cpu))
 
 
 def check_engine(cfg: AgentRLConfig, profile: SimProfile) -> None:
@@ -669,13 +675,14 @@ def run_simulate(args: argparse.Namespace, load: Callable[[argparse.Namespace], 
     min_train = cost.min_gpus(user, profile)
     splits = candidate_splits(args.gpus, tp, min_train)
     replicas = min(user.server.num_replicas, splits[-1].replicas)
-    available = psutil.virtual_memory().available
-    limit = machine_replica_limit(available)
+    available, cores = psutil.virtual_memory().available, psutil.cpu_count() or 1
+    limit = machine_replica_limit(available, cores)
     if replicas > limit:
         raise ValueError(
             f"server.num_replicas={replicas}: the recording run starts one process per "
             f"simulated replica and this machine holds about {limit} ({available / GB:.1f} GB "
-            f"free, {REPLICA_PROCESS_BYTES / 1024**2:.0f} MB each); the planner models larger "
+            f"free at {REPLICA_PROCESS_BYTES / 1024**2:.0f} MB each, {cores} cores at "
+            f"{REPLICA_IDLE_CORES:.0%} of a core each when idle); the planner models larger "
             f"pools from the recording, so set server.num_replicas <= {limit}"
         )
     max_staleness = 0 if args.sync else user.trainer.max_staleness

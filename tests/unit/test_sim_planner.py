@@ -25,6 +25,7 @@ from agentrl.sim_planner import (
     Workload,
     candidate_splits,
     choose_split,
+    machine_replica_limit,
     replay,
     workload_from_episodes,
 )
@@ -248,3 +249,10 @@ def test_training_gpus_shorten_a_trainer_bound_step():
     few, many = _replay(workload, 2, 2, eta=1), _replay(workload, 2, 8, eta=1)
     assert many.train_s < few.train_s / 2
     assert many.step_s < few.step_s
+
+
+def test_the_replica_limit_is_the_tighter_of_memory_and_cores():
+    plenty = 1000 * REPLICA_PROCESS_BYTES
+    assert machine_replica_limit(plenty, cores=2) == 50  # idle replicas: half of 2 cores
+    assert machine_replica_limit(10 * REPLICA_PROCESS_BYTES, cores=64) == 10
+    assert machine_replica_limit(0, cores=2) == 1
