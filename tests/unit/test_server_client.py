@@ -325,18 +325,24 @@ async def test_a_batch_that_times_out_fails_each_request_with_a_timeout():
     assert all(isinstance(o, TimeoutError) for o in outs)
 
 
+def _hold(method: _Remote) -> asyncio.Event:
+    """Calls of ``method`` wait until the returned event is set."""
+    gate = asyncio.Event()
+    serve = method.remote
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await serve(*args, **kwargs)
+
+    method.remote = held
+    return gate
+
+
 async def test_a_request_given_up_in_a_batch_is_aborted_on_the_replica_the_rest_served():
     replicas = _Replicas()
     client = _coalescing(replicas)
     await _turn(client, ["s0", "s1"])
-    gate = asyncio.Event()
-    serve_batch = replicas.generate_batch.remote
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        await gate.wait()
-        return await serve_batch(*args, **kwargs)
-
-    replicas.generate_batch.remote = held
+    gate = _hold(replicas.generate_batch)
     calls = [
         asyncio.create_task(client.generate(s, [1], request_id=f"r-{s}")) for s in ("s0", "s1")
     ]
@@ -356,14 +362,7 @@ async def test_a_lone_request_given_up_is_aborted_on_the_replica():
     its caller gives up (a cancelled episode): the replica is told to stop it."""
     replicas = _Replicas()
     client = _coalescing(replicas)
-    gate = asyncio.Event()
-    serve_one = replicas.generate.remote
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        await gate.wait()
-        return await serve_one(*args, **kwargs)
-
-    replicas.generate.remote = held
+    gate = _hold(replicas.generate)
     call = asyncio.create_task(client.generate("s0", [1], request_id="r-s0"))
     await asyncio.sleep(0.01)
     call.cancel()
