@@ -91,13 +91,14 @@ MODES = {
     "sync": ["trainer.max_staleness=0"],
     "eta1": ["trainer.max_staleness=1"],
     "eta2": ["trainer.max_staleness=2"],
+    "eta2_downweight": ["trainer.max_staleness=2", "trainer.stale_policy=downweight"],
     "partial": ["trainer.max_staleness=1", "weight_sync.pause_mode=abort"],
     "oversample": ["trainer.max_staleness=0", "trainer.oversample_groups={quarter_batch}"],
     "partial_groups": ["trainer.max_staleness=0", "trainer.min_group_size={three_quarters_n}"],
 }
 """Each mode's config overrides (``{...}``: sizes from the command line); ``sync`` runs
 ``Trainer``, the others ``AsyncTrainer``."""
-ASYNC_MODES = ("eta1", "eta2", "partial")
+ASYNC_MODES = ("eta1", "eta2", "eta2_downweight", "partial")
 """The modes whose generation runs ahead of training (the straggler modes stay at η = 0)."""
 STRAGGLER_MODES = ("oversample", "partial_groups")
 CONTROL_PLANE = (

@@ -38,10 +38,11 @@ Stragglers: a long-tail episode holds only its own group. With ``oversample_grou
 the producer runs that many groups beyond the staleness rule's budget, so a batch is the
 first groups to finish; with ``min_group_size`` (partial groups), when the trainer waits
 for a batch and too few groups are complete, groups with at least that many finished
-episodes fill it, oldest first; the stragglers count as finished for the staleness rule
-(their slots are this step's), so the next step's groups need not wait for them; the
-async trainer cancels them on their workers and engines (``async/aborted_stragglers``),
-and one that finished meanwhile is discarded (``async/late_episodes``).
+episodes fill it (oldest first) as soon as there are enough of them to; the stragglers
+count as finished for the staleness rule (their slots are this step's), so the next
+step's groups need not wait for them; the async trainer cancels them on their workers
+and engines (``async/aborted_stragglers``), and one that finished meanwhile is discarded
+(``async/late_episodes``).
 
 Nothing here waits forever: ``get_batch`` raises ``QueueStalled`` at once when no batch
 can ever form (nothing running, no room for the producer to start a group, no external
@@ -309,18 +310,25 @@ class TrajectoryQueue:
             self._changed.notify_all()
 
     def _take_partial_groups(self) -> None:
-        """Partial groups: while the batch is short, open groups of the producer with at
-        least ``min_group_size`` finished episodes (one of them ok) become complete,
-        oldest first. Their stragglers are dropped when they finish (``put``)."""
+        """Partial groups: once the batch is short by no more groups than there are open
+        groups of the producer with at least ``min_group_size`` finished episodes (one of
+        them ok), the oldest of those fill it. Until then they stay open and may still
+        finish whole; the stragglers of the groups taken are dropped if they finish
+        (``put``)."""
         if self.min_group_size >= self.group_size:
             return
-        for group_id, group in list(self._open.items()):
-            if len(self._complete) >= self.batch_groups:
-                return
-            external = any(episode.external for episode in group)
-            if external or len(group) < self.min_group_size or not any(e.ok for e in group):
-                continue
-            del self._open[group_id]
+        missing = self.batch_groups - len(self._complete)
+        eligible = [
+            group_id
+            for group_id, group in self._open.items()
+            if not any(episode.external for episode in group)
+            and len(group) >= self.min_group_size
+            and any(episode.ok for episode in group)
+        ]
+        if missing <= 0 or len(eligible) < missing:
+            return
+        for group_id in eligible[:missing]:
+            group = self._open.pop(group_id)
             self._cut_groups.add(group_id)
             # The stragglers count as finished now: their slots belong to this step's
             # budget (none frees before the step ends, or the groups started in it would

@@ -131,7 +131,7 @@ def _cluster_sim() -> dict:
         "commit": "abc1234",
         "date": "2030-01-06",
         "command": ".venv/bin/python bench/cluster_sim.py --scale 8x2",
-        "setup": {"replicas": 4, "profile": "big-gpu", "train_gpus": 2},
+        "setup": {"replicas": 4, "profile": "big-gpu", "train_gpus": 2, "time_scale": 0.05},
         "agentic_best_mode": "eta2",
         "agentic_speedup_over_sync": 2.5,
         "workloads": {
@@ -144,21 +144,25 @@ def _cluster_sim() -> dict:
             }
         },
         "scaling": [
-            {
-                "replicas": 8,
-                "workers": 2,
-                "trained_tokens_per_s": 90.0,
-                "efficiency": 0.8,
-                "max_concurrent_episodes": 64,
-            },
-            {
-                "replicas": 16,
-                "workers": 4,
-                "trained_tokens_per_s": 80.0,
-                "efficiency": 0.5,
-                "max_concurrent_episodes": 128,
-            },
+            _scale_point(8, 2, tokens=90.0, efficiency=0.8, episodes=64),
+            _scale_point(16, 4, tokens=80.0, efficiency=0.5, episodes=128),
         ],
+    }
+
+
+def _scale_point(replicas: int, workers: int, tokens: float, efficiency: float, episodes: int):
+    return {
+        "replicas": replicas,
+        "workers": workers,
+        "batch_prompts": episodes // 4,
+        "trained_tokens_per_s": tokens,
+        "efficiency": efficiency,
+        "max_concurrent_episodes": episodes,
+        "driver_busy_share": 0.01 * replicas,
+        "cpu_ms_per_trained_episode": {"driver": 2.0, "replicas": 10.0},
+        "cpu_share_of_wall": 0.5,
+        "memory_mb": {"replicas": 1024.0 * replicas / 8},
+        "time_scale": 0.5,
     }
 
 
@@ -175,6 +179,7 @@ README = (
 )
 BENCHMARKS = (
     "# Benchmarks\n\n<!-- render:summary -->\nold table\n<!-- /render:summary -->\n\n## x\n"
+    "\n<!-- render:cluster-scaling -->\n<!-- /render:cluster-scaling -->\n"
 )
 
 
@@ -230,7 +235,7 @@ def test_the_readme_blocks_carry_the_results_figures_and_nothing_else_moves(root
 def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(root):
     render.write(root)
     page = (root / "docs/benchmarks.md").read_text()
-    assert "old table" not in page and page.endswith("<!-- /render:summary -->\n\n## x\n")
+    assert "old table" not in page and "<!-- /render:summary -->\n\n## x\n" in page
     rows = {
         line.split("](")[0].removeprefix("| ["): line.split(" | ")
         for line in page.splitlines()
@@ -265,7 +270,12 @@ def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(ro
     ]
     assert sim[1:5] == ["250", "100 (sync)", "**2.50×**", "75% of the ideal bound, one run"]
     scale = rows["Simulated cluster, control plane at 16 replicas × 4 workers: trained tokens/s"]
-    assert scale[1:5] == ["80", "–", "50% of the ideal bound", "128 concurrent episodes, one run"]
+    assert scale[1:5] == [
+        "80",
+        "–",
+        "50% of the ideal bound",
+        "128 concurrent episodes, driver busy 16% of the time, one run",
+    ]
     faults = rows["Fault injection, every fault: runs survived; episodes lost / trained twice"]
     assert faults[1] == "**21 of 22**; **3 / 1**"
     # The table follows ROWS' order, whatever the files' names.
@@ -418,3 +428,23 @@ def test_the_env_recipe_row_gives_the_worst_seed_against_the_best_baseline(root)
     assert "(reasoning_gym:letter_counting): greedy test accuracy (2 seeds)" in row
     assert "| 0.580–0.610 | 0.609 (majority) | -0.030 (worst seed) |" in row
     assert "-1.4 SE (worst seed); ≤ 21 min a seed" in row
+
+
+def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(root):
+    sim = _cluster_sim()
+    sim["scaling"].append(_scale_point(12, 8, tokens=70.0, efficiency=0.9, episodes=10240))
+    sim["projection"] = {
+        "method": "Each replica trains what the smallest point's did.",
+        "driver_saturates_at_replicas": 340.4,
+        "rows": [{"replicas": 128, "episodes_per_s": 25.6, "driver_busy_share": 0.38}],
+    }
+    _write_result(root, "cluster_sim", sim)
+    render.write(root)
+    page = (root / "docs/benchmarks.md").read_text()
+    table = page.split("<!-- render:cluster-scaling -->\n")[1].split("<!-- /render")[0]
+    assert "| 8 × 2 | 16 | 64 | 90 | 80% | 8.0% | 12 | 0.50 | 1.0 GB | 0.5 |" in table
+    assert "| 12 × 8 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
+    assert "| 128 | 25.6 | 38% |" in table and "saturates near 340 replicas" in table
+    summary = [line for line in page.splitlines() if "control plane at" in line]
+    assert len(summary) == 2  # the most replicas (16) and the most episodes (10240)
+    assert "16 replicas × 4 workers" in summary[0] and "10240 concurrent" in summary[1]

@@ -295,6 +295,22 @@ async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_lat
     assert q.pending_episode_ids() == []
 
 
+async def test_partial_groups_wait_until_enough_of_them_fill_the_batch():
+    q = _queue(group_size=3, min_group_size=2)
+    await q.reserve(10)
+    for episode in [_episode("a", 0), _episode("a", 2), _episode("b", 1)]:
+        await q.put(episode)
+    getter = asyncio.create_task(q.get_batch())
+    await asyncio.sleep(0)
+    await q.put(_episode("a", 1))  # a may still finish whole while b is short
+    await asyncio.sleep(0)
+    assert not getter.done() and "async/partial_groups" not in q.metrics()
+    await q.put(_episode("b", 2))
+    batch = await asyncio.wait_for(getter, 1)
+    assert [len(g) for g in batch.groups] == [3, 2]
+    assert q.metrics()["async/partial_groups"] == 1
+
+
 async def test_partial_groups_are_only_taken_while_the_batch_is_short():
     q = _queue(batch_groups=1, group_size=3, min_group_size=2)
     await q.reserve(10)
