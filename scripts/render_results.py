@@ -480,7 +480,7 @@ def _ahead_row(setup: dict, workload: str, modes: dict[str, dict], ahead: list[s
         "simulated-cluster",
         baseline=f"{modes['sync']['trained_tokens_per_s']:.0f} (sync)",
         ratio=f"**{_x(mode['speedup_over_sync'])}**",
-        spread=f"{mode['efficiency']:.0%} of the ideal bound, one run",
+        spread=f"{mode['efficiency']:.1%} of the ideal bound, one run",
     )
 
 
@@ -681,7 +681,7 @@ def why_block(results: dict[str, dict]) -> str:
             f"waits for the other: on a simulated cluster (modeled GPU time, the real control "
             f"plane; {sim['setup']['replicas']} replicas of {sim['setup']['profile']}), a "
             f"long-tail agentic workload trains {_x(sim['agentic_speedup_over_sync'])} the "
-            f"tokens/s of synchronous training, {agentic['efficiency']:.0%} of the ideal "
+            f"tokens/s of synchronous training, {agentic['efficiency']:.1%} of the ideal "
             f"overlap ([simulated cluster]({link}simulated-cluster)).",
             f"- **Weight pushes barely pause generation.** The staged swap loads new weights "
             f"beside the serving ones and pauses decoding "

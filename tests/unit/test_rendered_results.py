@@ -220,7 +220,7 @@ def test_the_readme_blocks_carry_the_results_figures_and_nothing_else_moves(root
     reasons = why.strip().splitlines()
     assert len(reasons) == 3 and all(r.startswith("- ") for r in reasons)
     assert "4 replicas of big-gpu" in reasons[0] and "trains 2.50× the tokens/s" in reasons[0]
-    assert "75% of the ideal" in reasons[0] and "#simulated-cluster" in reasons[0]
+    assert "75.0% of the ideal" in reasons[0] and "#simulated-cluster" in reasons[0]
     assert "12 ms against 5.6 s in place" in reasons[1] and "big-model" in reasons[1]
     assert (
         "21 of 22 fault runs" in reasons[2]
@@ -268,7 +268,7 @@ def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(ro
         "Simulated cluster, agentic (4 sim replicas of big-gpu, 2 train GPUs): async (η = 2) "
         "vs sync, trained tokens/s"
     ]
-    assert sim[1:5] == ["250", "100 (sync)", "**2.50×**", "75% of the ideal bound, one run"]
+    assert sim[1:5] == ["250", "100 (sync)", "**2.50×**", "75.0% of the ideal bound, one run"]
     scale = rows["Simulated cluster, control plane at 16 replicas × 4 workers: trained tokens/s"]
     assert scale[1:5] == [
         "80",
