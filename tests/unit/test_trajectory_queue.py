@@ -273,13 +273,19 @@ async def test_over_sampling_lets_a_step_take_the_first_groups_to_finish():
     assert await q.reserve(10) == 2  # the next batch's groups, b's slots still taken
 
 
-async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_late():
-    q = _queue(group_size=3, min_group_size=2)
+async def _trainer_waiting_on_two_open_groups(q: TrajectoryQueue) -> asyncio.Task:
+    """Groups a (2 of 3 finished) and b (1 of 3) are open; the trainer waits for both."""
     await q.reserve(10)
     for episode in [_episode("a", 0), _episode("a", 2), _episode("b", 1)]:
         await q.put(episode)
     getter = asyncio.create_task(q.get_batch())
     await asyncio.sleep(0)
+    return getter
+
+
+async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_late():
+    q = _queue(group_size=3, min_group_size=2)
+    getter = await _trainer_waiting_on_two_open_groups(q)
     assert not getter.done()  # b has 1 of the 2 episodes it needs
     await q.put(_episode("b", 0))
     batch = await asyncio.wait_for(getter, 1)
@@ -297,11 +303,7 @@ async def test_partial_groups_fill_a_waiting_batch_and_their_stragglers_come_lat
 
 async def test_partial_groups_wait_until_enough_of_them_fill_the_batch():
     q = _queue(group_size=3, min_group_size=2)
-    await q.reserve(10)
-    for episode in [_episode("a", 0), _episode("a", 2), _episode("b", 1)]:
-        await q.put(episode)
-    getter = asyncio.create_task(q.get_batch())
-    await asyncio.sleep(0)
+    getter = await _trainer_waiting_on_two_open_groups(q)
     await q.put(_episode("a", 1))  # a may still finish whole while b is short
     await asyncio.sleep(0)
     assert not getter.done() and "async/partial_groups" not in q.metrics()
