@@ -49,7 +49,6 @@ def _sim_config(tiny_checkpoint, tmp_path, *extra: str):
 
 
 async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_checkpoint, tmp_path):
-    start = time.perf_counter()
     cfg = _sim_config(tiny_checkpoint, tmp_path, "trainer.max_staleness=1")
     trainer = AsyncTrainer(cfg)
     trainer.setup()
@@ -58,7 +57,6 @@ async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_chec
         replicas = await trainer.processes.client.control.stats()
     finally:
         trainer.shutdown()
-    wall = time.perf_counter() - start
 
     episodes = cfg.data.train_batch_size * cfg.rollout.n
     assert [h["trainer/episodes"] for h in history] == [episodes] * STEPS
@@ -77,7 +75,6 @@ async def test_two_sim_replicas_and_the_sim_trainer_run_the_async_loop(tiny_chec
     )
     assert (checkpoint["extra"]["step"], checkpoint["extra"]["version"]) == (STEPS, STEPS)
     assert checkpoint["step"] == STEPS
-    assert wall < 60, f"the 2-step simulated run took {wall:.0f} s"
 
 
 async def test_the_straggler_options_keep_synchronous_steps_on_one_version(
