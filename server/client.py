@@ -46,6 +46,11 @@ class ReplicaFailure(RuntimeError):
         self.actor_id = actor_id
 
 
+_ENGINE_DEATHS = frozenset({"EngineDeadError"})
+"""Errors a replica raises when its engine process is gone (vLLM's, named here so that the
+client does not import vLLM)."""
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     """Map Ray's wrappers to what the caller should see."""
     if isinstance(exc, RolloutError):
@@ -54,6 +59,10 @@ def _unwrap(exc: BaseException) -> BaseException:
         exc = exc.cause
     if isinstance(exc, RayActorError):
         return ReplicaFailure(f"rollout replica failed: {exc}", actor_id=exc.actor_id)
+    if any(cls.__name__ in _ENGINE_DEATHS for cls in type(exc).__mro__):
+        # The replica's engine died (with the replica, when it is being killed): the
+        # request is the replica's loss, not the request's fault; retry it elsewhere.
+        return ReplicaFailure(f"rollout replica's engine died: {exc}", actor_id=None)
     return exc
 
 

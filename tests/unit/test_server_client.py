@@ -372,3 +372,17 @@ async def test_a_lone_request_given_up_is_aborted_on_the_replica():
     await asyncio.sleep(0.01)
     assert call.cancelled()
     assert [n for n, _ in replicas.calls].count("abort") == 1
+
+
+class EngineDeadError(RuntimeError):
+    """Named as vLLM's: what a replica raises once its engine process is gone."""
+
+
+async def test_a_request_whose_replicas_engine_died_is_retried_as_a_replica_failure():
+    died = [EngineDeadError("EngineCore encountered an issue")]
+    replicas = _Replicas(answer=lambda request: died.pop() if died else _out())
+    client = _coalescing(replicas)
+    out = await client.generate("s0", [1])
+    assert out.token_ids == [1, 2]
+    assert client.replica_failures == 1
+    assert [name for name, _ in replicas.calls] == ["generate", "generate"]
