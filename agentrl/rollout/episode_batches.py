@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from functools import partial
+from typing import Any
 
 import ray
 from ray.actor import ActorHandle
@@ -108,9 +109,7 @@ class EpisodeBatches:
         batch = self._forming.pop(index)
         futures = [future for _, future in batch]
         requests = [request for request, _ in batch]
-        call = asyncio.get_running_loop().create_task(self._call(worker, requests, futures))
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
+        call = self._start(self._call(worker, requests, futures))
 
         def drop_when_unwanted(future: asyncio.Future[EpisodeResult], episode_id: str) -> None:
             if future.cancelled() and not call.done():
@@ -130,10 +129,14 @@ class EpisodeBatches:
         ids.append(episode_id)
 
     def _send_cancels(self, index: int, worker: ActorHandle) -> None:
-        ids = self._cancelling.pop(index)
-        call = asyncio.get_running_loop().create_task(_cancel(worker, ids))
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
+        self._start(_cancel(worker, self._cancelling.pop(index)))
+
+    def _start(self, call: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``call`` as a task held until it ends (the loop keeps only weak references)."""
+        task = asyncio.get_running_loop().create_task(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return task
 
     @staticmethod
     async def _call(
