@@ -113,8 +113,8 @@ class AgentLoopOutput:
     @property
     def min_version(self) -> int | None:
         """Oldest policy version among the model's tokens (None if it produced none)."""
-        versions = [v for v, m in zip(self.response_versions, self.response_mask, strict=True) if m]
-        return min(versions) if versions else None
+        masked = zip(self.response_versions, self.response_mask, strict=True)
+        return min((v for v, m in masked if m), default=None)
 
 
 class TrajectoryBuilder:

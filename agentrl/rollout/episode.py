@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,6 +51,15 @@ class EpisodeResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @functools.cached_property
+    def oldest_version(self) -> int | None:
+        """Oldest policy version among its model tokens (None if it produced none).
+
+        Computed once: a finished episode's tokens do not change, and the trajectory queue
+        asks on every arrival for every episode it holds."""
+        versions = [v for output in self.outputs if (v := output.min_version) is not None]
+        return min(versions, default=None)
 
 
 EXTERNAL_AGENT_NAME = "gateway"

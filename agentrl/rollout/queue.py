@@ -375,8 +375,8 @@ class TrajectoryQueue:
     # -- staleness ---------------------------------------------------------------------
 
     def _staleness(self, episode: EpisodeResult) -> int:
-        versions = [o.min_version for o in episode.outputs if o.min_version is not None]
-        return self._rule.version - min(versions) if versions else 0
+        oldest = episode.oldest_version
+        return 0 if oldest is None else self._rule.version - oldest
 
     def _apply_staleness(self) -> bool:
         """Drop or down-weight episodes more than η versions behind; drop empty groups.

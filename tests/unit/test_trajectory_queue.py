@@ -82,6 +82,25 @@ async def test_stale_episodes_are_dropped_and_their_slots_freed():
     assert batch.staleness == [0]
 
 
+async def test_staleness_counts_the_oldest_model_token_of_all_an_episodes_outputs():
+    episode = _episode("g", 0, version=3)
+    tool_turn = AgentLoopOutput(
+        prompt_ids=[1],
+        response_ids=[4, 5, 6],
+        response_mask=[0, 1, 1],  # a tool token: no policy version
+        response_logprobs=[0.0, -0.1, -0.1],
+        response_versions=[-1, 2, 4],
+    )
+    episode.outputs.append(tool_turn)
+    assert episode.oldest_version == 2
+    q = _queue(batch_groups=1, group_size=1, max_staleness=5)
+    await q.reserve(1)
+    await q.put(episode)
+    await q.set_version(6)
+    batch = await asyncio.wait_for(q.get_batch(), 1)
+    assert batch.staleness == [4]
+
+
 async def test_stale_episodes_can_be_downweighted_instead():
     q = _queue(batch_groups=1, max_staleness=0, stale_policy="downweight")
     await q.reserve(1)
