@@ -102,12 +102,16 @@ ASYNC_MODES = ("eta1", "eta2", "eta2_downweight", "partial")
 """The modes whose generation runs ahead of training (the straggler modes stay at η = 0)."""
 STRAGGLER_MODES = ("oversample", "partial_groups")
 CONTROL_PLANE = (
-    "driver busy share = the driver's CPU seconds (producer, trajectory queue, staleness "
-    "rule, fit loop, weight-push calls: one event loop, the control plane's serial part) "
-    "over the modeled seconds, i.e. the share of each second of the modeled cluster its "
-    "event loop is busy; cpu_ms_per_trained_episode splits every process's CPU by "
-    "component (replicas: the simulated engines' own bookkeeping)"
+    "driver busy share = the share of each second of a real cluster (time scale 1) the "
+    "driver's event loop is busy (producer, trajectory queue, staleness rule, fit loop, "
+    "weight-push calls: the control plane's serial part): its idle cores (CPU per wall "
+    "second over an idle window after the last step, every process still up: progress, "
+    "replica checks, Ray and Serve background) plus the rest of its CPU over the modeled "
+    "seconds; cpu_ms_per_trained_episode splits every process's CPU by component "
+    "(replicas: the simulated engines' own bookkeeping), episode_cpu_ms the same less "
+    "what each spends idle over the run's wall time"
 )
+IDLE_WINDOW_S = 10.0
 ROWS = 512
 Z99 = 2.326  # the standard normal's 99th percentile
 BOUND = (
@@ -349,9 +353,19 @@ async def _run(args: argparse.Namespace, workload: str, mode: str) -> dict[str, 
             history = await trainer.fit()
             queue = trainer.batches.queue.metrics() if mode != "sync" else {}
             push_s = trainer.processes.actor.clock.model.push_s()
+            idle = await _idle_cores(IDLE_WINDOW_S)
         finally:
             trainer.shutdown()
-    return _measure(args, history, trainer, queue, push_s)
+    return _measure(args, history, trainer, queue, push_s, idle)
+
+
+async def _idle_cores(window_s: float) -> dict[str, float]:
+    """CPU seconds per wall second of every component while nothing runs: what each
+    spends whatever the load."""
+    first, start = _cpu_by_process(), time.perf_counter()
+    await asyncio.sleep(window_s)
+    elapsed = time.perf_counter() - start
+    return {k: v / elapsed for k, v in _cpu_delta(first, _cpu_by_process()).items()}
 
 
 def _measure(
@@ -360,6 +374,7 @@ def _measure(
     trainer: Recorder,
     queue: dict[str, float],
     push_s: float,
+    idle: dict[str, float],
 ) -> dict[str, Any]:
     measured = history[1:]
     scale = args.time_scale
@@ -378,9 +393,11 @@ def _measure(
             if key.startswith("async/staleness/hist_"):
                 staleness[int(key.rsplit("_", 1)[1])] += int(value)
     cpu = _cpu_delta(first["cpu"], last["cpu"])
+    wall = modeled * scale
+    load_cpu = {k: max(v - idle.get(k, 0.0) * wall, 0.0) for k, v in cpu.items()}
     return {
         "steps": len(measured),
-        "wall_s": modeled * scale,
+        "wall_s": wall,
         "modeled_s": modeled,
         "trained_tokens": int(sum(tokens)),
         "trained_episodes": int(episodes),
@@ -403,8 +420,10 @@ def _measure(
         "weight_push_s": push_s,
         "cpu_s": cpu,
         "cpu_ms_per_trained_episode": {k: 1000 * v / max(episodes, 1) for k, v in cpu.items()},
-        "cpu_share_of_wall": sum(cpu.values()) / (modeled * scale),
-        "driver_busy_share": cpu.get("driver", 0.0) / modeled,
+        "episode_cpu_ms": {k: 1000 * v / max(episodes, 1) for k, v in load_cpu.items()},
+        "idle_cores": idle,
+        "cpu_share_of_wall": sum(cpu.values()) / wall,
+        "driver_busy_share": idle.get("driver", 0.0) + load_cpu.get("driver", 0.0) / modeled,
         "load_avg_1m": os.getloadavg()[0],
         "memory_mb": last["memory_mb"],
         "time_scale": scale,
@@ -473,6 +492,8 @@ SCALING_FIELDS = (
     "cpu_share_of_wall",
     "driver_busy_share",
     "cpu_ms_per_trained_episode",
+    "episode_cpu_ms",
+    "idle_cores",
     "wall_s",
     "time_scale",
     "memory_mb",
@@ -480,10 +501,11 @@ SCALING_FIELDS = (
 
 
 def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
-    """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS][@TIME_SCALE]``:
+    """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS][@TIME_SCALE][:STEPS]``:
     prompts per step given, or scaled with the replicas (the same episodes per replica as
     the main runs); a time scale of its own where more replicas would outrun this
-    machine's cores at the main runs' one."""
+    machine's cores at the main runs' one; steps of its own where each is long."""
+    point, _, steps = point.partition(":")
     shape, _, time_scale = point.partition("@")
     replicas, workers, *prompts = (int(x) for x in shape.split("x"))
     scaled = argparse.Namespace(
@@ -491,14 +513,19 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
             **vars(args),
             "replicas": replicas,
             "workers": workers,
-            "steps": args.scale_steps,
+            "steps": int(steps) if steps else args.scale_steps,
             "time_scale": float(time_scale) if time_scale else args.time_scale,
         }
     )
     scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
     result = asyncio.run(_run(scaled, "agentic", "eta1"))
     _bound({"eta1": result})  # against the capacity this run reached
-    row = {"replicas": replicas, "workers": workers, "batch_prompts": scaled.batch}
+    row = {
+        "replicas": replicas,
+        "workers": workers,
+        "batch_prompts": scaled.batch,
+        "steps": scaled.steps,
+    }
     return row | {key: result[key] for key in SCALING_FIELDS}
 
 
@@ -508,28 +535,33 @@ PROJECTED_REPLICAS = (64, 128, 256)
 def _projection(scaling: list[dict[str, Any]]) -> dict[str, Any]:
     """The control plane past what this machine holds, modeled from per-replica costs:
     each replica trains the episodes per modeled second of the smallest scale point (the
-    one least slowed by this machine's two cores), and each episode costs every
-    component the CPU of the largest point (the most per episode measured)."""
+    one least slowed by this machine's two cores); each component costs what it spent
+    idle at the largest point (per wall second) plus, per episode, what it spent there
+    beyond that (the most replicas measured)."""
     smallest = min(scaling, key=lambda row: row["replicas"])
-    largest = max(scaling, key=lambda row: row["replicas"])
+    largest = max(scaling, key=lambda row: (row["replicas"], row["max_concurrent_episodes"]))
     per_replica = smallest["trained_episodes_per_s"] / smallest["replicas"]
-    cost_s = {k: v / 1000 for k, v in largest["cpu_ms_per_trained_episode"].items()}
+    cost_s = {k: v / 1000 for k, v in largest["episode_cpu_ms"].items()}
+    idle = largest["idle_cores"]
     rows = []
     for replicas in PROJECTED_REPLICAS:
         rate = replicas * per_replica
+        cores = {k: idle.get(k, 0.0) + rate * v for k, v in cost_s.items() if k != "replicas"}
         rows.append(
             {
                 "replicas": replicas,
                 "episodes_per_s": rate,
-                "driver_busy_share": rate * cost_s.get("driver", 0.0),
-                "cores": {k: rate * v for k, v in cost_s.items() if k != "replicas"},
+                "driver_busy_share": cores.get("driver", 0.0),
+                "cores": cores,
             }
         )
     return {
         "method": _projection.__doc__.split("\n\n")[0].replace("\n    ", " ").strip(),
         "episodes_per_s_per_replica": per_replica,
-        "cpu_ms_per_trained_episode": largest["cpu_ms_per_trained_episode"],
-        "driver_saturates_at_replicas": 1 / (per_replica * cost_s["driver"]),
+        "episode_cpu_ms": largest["episode_cpu_ms"],
+        "idle_cores": idle,
+        "driver_saturates_at_replicas": (1 - idle.get("driver", 0.0))
+        / (per_replica * cost_s["driver"]),
         "rows": rows,
     }
 
@@ -638,7 +670,7 @@ def _print_table(results: dict[str, dict[str, dict]]) -> None:
                 mode,
                 f"{r['trained_tokens_per_s']:.0f}",
                 f"{r['trained_episodes_per_s']:.2f}",
-                f"{r.get('speedup_over_sync', float('nan')):.2f}x",
+                f"{r['speedup_over_sync']:.2f}x" if "speedup_over_sync" in r else "–",
                 f"{r['ideal_tokens_per_s']:.0f}",
                 f"{r['efficiency']:.0%}",
                 f"{r['pool_idle_fraction']:.0%}",
@@ -715,9 +747,10 @@ def main() -> None:
     parser.add_argument(
         "--scale",
         default="",
-        help="then the agentic workload at eta1 at these REPLICASxWORKERS[xPROMPTS][@TIME_SCALE] "
-        "points (8x2,16x4,128x8x640@1.5,...); prompts per step scaled with the replicas and "
-        "the time scale --time-scale unless given",
+        help="then the agentic workload at eta1 at these "
+        "REPLICASxWORKERS[xPROMPTS][@TIME_SCALE][:STEPS] points (8x2,16x4,128x8x640@1.5:2,...); "
+        "prompts per step scaled with the replicas, the time scale --time-scale and the steps "
+        "--scale-steps unless given",
     )
     parser.add_argument(
         "--scale-steps", type=int, default=8, help="steps of each scale point (one warms up)"

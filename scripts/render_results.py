@@ -513,17 +513,20 @@ def scaling_table(results: dict[str, dict]) -> str:
     sim = _need(results, "cluster_sim")
     lines = [
         "| replicas × workers | prompts per step | peak concurrent episodes | trained tokens/s "
-        "| efficiency | driver busy | CPU ms per episode | cores busy (of 2) | memory | "
-        "time scale |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| efficiency | driver busy | driver ms per episode | CPU ms per episode "
+        "| cores busy (of 2) | memory | time scale |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for point in sim.get("scaling", []):
         memory, busy = point.get("memory_mb"), point.get("driver_busy_share")
+        driver_ms = point.get("episode_cpu_ms", {}).get("driver")
         lines.append(
             f"| {point['replicas']} × {point['workers']} | {point['batch_prompts']} | "
             f"{point['max_concurrent_episodes']} | {point['trained_tokens_per_s']:.0f} | "
             f"{point['efficiency']:.0%} | "
             + (f"{busy:.1%}" if busy is not None else "–")
+            + " | "
+            + (f"{driver_ms:.1f}" if driver_ms is not None else "–")
             + f" | {sum(point['cpu_ms_per_trained_episode'].values()):.0f} | "
             f"{point['cpu_share_of_wall']:.2f} | "
             + (f"{sum(memory.values()) / 1024:.1f} GB" if memory else "–")

@@ -160,6 +160,7 @@ def _scale_point(replicas: int, workers: int, tokens: float, efficiency: float, 
         "max_concurrent_episodes": episodes,
         "driver_busy_share": 0.01 * replicas,
         "cpu_ms_per_trained_episode": {"driver": 2.0, "replicas": 10.0},
+        "episode_cpu_ms": {"driver": 1.5, "replicas": 9.0},
         "cpu_share_of_wall": 0.5,
         "memory_mb": {"replicas": 1024.0 * replicas / 8},
         "time_scale": 0.5,
@@ -442,7 +443,7 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
     render.write(root)
     page = (root / "docs/benchmarks.md").read_text()
     table = page.split("<!-- render:cluster-scaling -->\n")[1].split("<!-- /render")[0]
-    assert "| 8 × 2 | 16 | 64 | 90 | 80% | 8.0% | 12 | 0.50 | 1.0 GB | 0.5 |" in table
+    assert "| 8 × 2 | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 1.0 GB | 0.5 |" in table
     assert "| 12 × 8 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
     assert "| 128 | 25.6 | 38% |" in table and "saturates near 340 replicas" in table
     summary = [line for line in page.splitlines() if "control plane at" in line]
