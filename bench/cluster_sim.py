@@ -44,6 +44,13 @@ Serve): the control plane's cost.
 
     .venv/bin/python bench/cluster_sim.py [--replicas 4 --workers 2 --steps 8]
 
+Scale points (``--scale``) run the agentic workload at η = 1 with more replicas, workers
+and episodes in flight, on simulated nodes: a Ray cluster on this machine whose rollout
+nodes are raylets of their own, ``--replicas-per-node`` replicas each, around a head node
+with the driver, Serve's controller and the trainer. ``--workloads none`` runs only them
+and writes them into the recorded file beside its mode runs (their own provenance under
+``scaling_run``).
+
 Prints a table and writes ``bench/results/cluster_sim.json`` (``cluster_sim_<tag>.json``
 with ``--tag``).
 """
@@ -57,6 +64,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -75,6 +83,7 @@ from rich.table import Table
 from agentrl.config import AgentRLConfig, load_config
 from agentrl.models import resolve_model_path
 from agentrl.testing.benchmarks import measured_code, provenance
+from agentrl.testing.local_cluster import prepare_token_auth, start_cluster
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.batch import Sample
 from agentrl.trainer.trainer import Trainer
@@ -305,15 +314,16 @@ def _run_processes() -> Iterator[tuple[psutil.Process, str]]:
     """This process and every Ray process, each with the component it belongs to."""
     me = os.getpid()
     for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-        name = _component((proc.info["cmdline"] or [""])[0], proc.info["pid"] == me)
+        name = _component(proc.info["cmdline"] or [""], proc.info["pid"] == me)
         if name is not None:
             yield proc, name
 
 
-def _component(title: str, driver: bool) -> str | None:
+def _component(cmdline: list[str], driver: bool) -> str | None:
     # The trajectory queue lives in the driver: its CPU is the driver's.
     if driver:
         return "driver"
+    title = cmdline[0]
     if title.startswith("ray::"):
         actor = title.removeprefix("ray::").split(".")[0].split(" ")[0]
         for key, name in (
@@ -327,6 +337,8 @@ def _component(title: str, driver: bool) -> str | None:
         return "other_ray_workers"
     if "raylet" in title or "gcs_server" in title:
         return "ray_system"
+    if any("site-packages/ray/" in part or part.endswith("/bin/ray") for part in cmdline[1:3]):
+        return "ray_system"  # a node's Ray daemons (agents, log monitor, `ray start`)
     return None
 
 
@@ -518,15 +530,48 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
         }
     )
     scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
-    result = asyncio.run(_run(scaled, "agentic", "eta1"))
+    nodes = math.ceil(replicas / args.replicas_per_node) if args.replicas_per_node else 0
+    with _rollout_nodes(nodes, replicas, workers, args.train_gpus) as overrides:
+        scaled.overrides = [*args.overrides, *overrides]
+        result = asyncio.run(_run(scaled, "agentic", "eta1"))
     _bound({"eta1": result})  # against the capacity this run reached
     row = {
         "replicas": replicas,
         "workers": workers,
+        "rollout_nodes": nodes,
         "batch_prompts": scaled.batch,
         "steps": scaled.steps,
     }
     return row | {key: result[key] for key in SCALING_FIELDS}
+
+
+@contextlib.contextmanager
+def _rollout_nodes(nodes: int, replicas: int, workers: int, train_gpus: int) -> Iterator[list[str]]:
+    """A Ray cluster of ``nodes`` rollout nodes on this machine (each a raylet of its own,
+    as ``ray start`` runs it on a GPU node) around a head node that holds the driver,
+    Serve's controller and the trainer; yields the config overrides that put the run on
+    it: the replicas spread over the rollout nodes, the agent-loop workers dealt over all
+    nodes. No nodes: the runs' own local Ray."""
+    if not nodes:
+        yield []
+        return
+    serve.shutdown()
+    ray.shutdown()  # the local instance of the runs before, if any
+    per_node = math.ceil(replicas / nodes)
+    names = [f"rollout{i}" for i in range(nodes)]
+    os.environ["RAY_AUTH_MODE"] = "token"  # as Ray defaults to for `ray start` nodes
+    prepare_token_auth()
+    cluster = start_cluster(
+        {"head": {}} | {name: {"agentrl_rollout": per_node} for name in names},
+        {"head": 4 + train_gpus} | {name: per_node + math.ceil(workers / nodes) for name in names},
+    )
+    try:
+        yield [f"ray.address={cluster.address}", "placement.rollout.node_resource=agentrl_rollout"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 PROJECTED_REPLICAS = (64, 128, 256)
@@ -638,6 +683,30 @@ def _payload(
     return payload
 
 
+SCALING_KEYS = ("scaling", "control_plane_share_at_max", "projection")
+
+
+def _beside_recorded_runs(recorded: dict[str, Any], scale_only: dict[str, Any]) -> dict[str, Any]:
+    """A recorded file's mode runs with a scale-only run's points, whose provenance goes
+    under ``scaling_run`` (the rest keeps the recorded run's)."""
+    runs = [r for w in recorded.get("workloads", {}).values() for r in w["modes"].values()]
+    merged = recorded | {key: scale_only[key] for key in SCALING_KEYS if key in scale_only}
+    merged["scaling_run"] = {
+        key: scale_only[key] for key in ("commit", "date", "command", "measured", "versions")
+    }
+    merged["max_replicas"] = max(
+        scale_only["max_replicas"], recorded["setup"]["replicas"] if runs else 0
+    )
+    merged["max_concurrent_episodes"] = max(
+        [scale_only["max_concurrent_episodes"], *(r["max_concurrent_episodes"] for r in runs)]
+    )
+    return merged
+
+
+def _write(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
 def _console_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for name in ("agentrl.tracking", LOGGER.name):
@@ -723,7 +792,12 @@ def _print_scaling(scaling: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default="rlvr,agentic", help=f"of {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--workloads",
+        default="rlvr,agentic",
+        help=f"of {', '.join(WORKLOADS)}; none: the scale points only, written into the "
+        "recorded file beside its mode runs",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     parser.add_argument("--replicas", type=int, default=4, help="simulated rollout replicas")
     parser.add_argument("--workers", type=int, default=2, help="agent-loop workers")
@@ -753,13 +827,21 @@ def main() -> None:
         "--scale-steps unless given",
     )
     parser.add_argument(
+        "--replicas-per-node",
+        type=int,
+        default=8,
+        help="scale points: rollout replicas per simulated node (a raylet of its own on this "
+        "machine, as on an 8-GPU node); 0: one local Ray as the mode runs",
+    )
+    parser.add_argument(
         "--scale-steps", type=int, default=8, help="steps of each scale point (one warms up)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workloads")
     parser.add_argument("--tag", default=None, help="write cluster_sim_<tag>.json")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
-    workloads, modes = args.workloads.split(","), args.modes.split(",")
+    workloads = [] if args.workloads == "none" else args.workloads.split(",")
+    modes = args.modes.split(",")
     if not set(workloads) <= set(WORKLOADS):
         parser.error(f"--workloads: any of {', '.join(WORKLOADS)}")
     if not set(modes) <= set(MODES):
@@ -785,15 +867,19 @@ def main() -> None:
                 progress(f"{workload}, {mode}")
                 results[workload][mode] = asyncio.run(_run(args, workload, mode))
                 _bound(results[workload])
-                path.write_text(json.dumps(_payload(args, results, scaling), indent=2) + "\n")
+                _write(path, _payload(args, results, scaling))
         for point in filter(None, args.scale.split(",")):
             progress(f"agentic, eta1 at {point} replicas x workers")
             scaling.append(_scale_point(args, point))
-            path.write_text(json.dumps(_payload(args, results, scaling), indent=2) + "\n")
+            payload = _payload(args, results, scaling)
+            if not workloads and path.exists():
+                payload = _beside_recorded_runs(json.loads(path.read_text()), payload)
+            _write(path, payload)
     finally:
         serve.shutdown()
         ray.shutdown()
-    _print_table(results)
+    if results:
+        _print_table(results)
     if scaling:
         _print_scaling(scaling)
         _print_projection(_projection(scaling))

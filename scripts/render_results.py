@@ -463,7 +463,7 @@ def _cluster_sim(data: dict) -> list[Row]:
             rows.append(_ahead_row(data["setup"], workload, modes, ahead))
         rows += _straggler_rows(workload, modes)
     if data.get("scaling"):
-        rows += _scale_rows(data["scaling"])
+        rows += _scale_rows(data["scaling"], data.get("scaling_run"))
     return rows
 
 
@@ -484,8 +484,9 @@ def _ahead_row(setup: dict, workload: str, modes: dict[str, dict], ahead: list[s
     )
 
 
-def _scale_rows(scaling: list[dict]) -> list[Row]:
-    """The point with the most replicas and the one with the most concurrent episodes."""
+def _scale_rows(scaling: list[dict], provenance: dict | None) -> list[Row]:
+    """The point with the most replicas and the one with the most concurrent episodes
+    (``provenance``: a scale-only run's, where not the file's)."""
     most_replicas = max(scaling, key=lambda s: (s["replicas"], s["max_concurrent_episodes"]))
     most_episodes = max(scaling, key=lambda s: (s["max_concurrent_episodes"], s["replicas"]))
     points = [most_replicas] if most_episodes is most_replicas else [most_replicas, most_episodes]
@@ -502,6 +503,7 @@ def _scale_rows(scaling: list[dict]) -> list[Row]:
                 spread=f"{point['max_concurrent_episodes']} concurrent episodes"
                 + (f", driver busy {busy:.0%} of the time" if busy is not None else "")
                 + ", one run",
+                provenance=provenance,
             )
         )
     return rows
@@ -512,16 +514,17 @@ def scaling_table(results: dict[str, dict]) -> str:
     past them (``projection``)."""
     sim = _need(results, "cluster_sim")
     lines = [
-        "| replicas × workers | prompts per step | peak concurrent episodes | trained tokens/s "
-        "| efficiency | driver busy | driver ms per episode | CPU ms per episode "
-        "| cores busy (of 2) | memory | time scale |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| replicas × workers | rollout nodes | prompts per step | peak concurrent episodes "
+        "| trained tokens/s | efficiency | driver busy | driver ms per episode "
+        "| CPU ms per episode | cores busy (of 2) | memory | time scale |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for point in sim.get("scaling", []):
         memory, busy = point.get("memory_mb"), point.get("driver_busy_share")
         driver_ms = point.get("episode_cpu_ms", {}).get("driver")
         lines.append(
-            f"| {point['replicas']} × {point['workers']} | {point['batch_prompts']} | "
+            f"| {point['replicas']} × {point['workers']} | {point.get('rollout_nodes') or '–'} | "
+            f"{point['batch_prompts']} | "
             f"{point['max_concurrent_episodes']} | {point['trained_tokens_per_s']:.0f} | "
             f"{point['efficiency']:.0%} | "
             + (f"{busy:.1%}" if busy is not None else "–")

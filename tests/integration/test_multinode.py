@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 import ray
-from local_cluster import cluster_fixture, free_port, wait_for
+from local_cluster import cluster_fixture
 from toy_task import toy_config
 
 from agentrl.placement import PlacementError, TrainerPlacementConfig, place_ranks
+from agentrl.testing.local_cluster import free_port, wait_for
 from agentrl.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.integration

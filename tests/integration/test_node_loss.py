@@ -30,9 +30,10 @@ from fault_ledger import (
     run_shape,
     when_step,
 )
-from local_cluster import cluster_fixture, free_port
+from local_cluster import cluster_fixture
 from toy_task import toy_config
 
+from agentrl.testing.local_cluster import free_port
 from agentrl.trainer.async_trainer import AsyncTrainer
 from agentrl.trainer.group import WorkerGroupError
 

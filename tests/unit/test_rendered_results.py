@@ -434,6 +434,7 @@ def test_the_env_recipe_row_gives_the_worst_seed_against_the_best_baseline(root)
 def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(root):
     sim = _cluster_sim()
     sim["scaling"].append(_scale_point(12, 8, tokens=70.0, efficiency=0.9, episodes=10240))
+    sim["scaling"][-1]["rollout_nodes"] = 2
     sim["projection"] = {
         "method": "Each replica trains what the smallest point's did.",
         "driver_saturates_at_replicas": 340.4,
@@ -443,9 +444,21 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
     render.write(root)
     page = (root / "docs/benchmarks.md").read_text()
     table = page.split("<!-- render:cluster-scaling -->\n")[1].split("<!-- /render")[0]
-    assert "| 8 × 2 | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 1.0 GB | 0.5 |" in table
-    assert "| 12 × 8 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
+    assert "| 8 × 2 | – | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 1.0 GB | 0.5 |" in table
+    assert "| 12 × 8 | 2 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
     assert "| 128 | 25.6 | 38% |" in table and "saturates near 340 replicas" in table
     summary = [line for line in page.splitlines() if "control plane at" in line]
     assert len(summary) == 2  # the most replicas (16) and the most episodes (10240)
     assert "16 replicas × 4 workers" in summary[0] and "10240 concurrent" in summary[1]
+
+
+def test_scale_rows_carry_the_provenance_of_a_scale_only_run(root):
+    sim = _cluster_sim()
+    sim["scaling_run"] = {"date": "2026-12-09", "commit": "feedbeef", "command": "scale it"}
+    _write_result(root, "cluster_sim", sim)
+    render.write(root)
+    lines = (root / "docs/benchmarks.md").read_text().splitlines()
+    scale = [line for line in lines if "control plane at" in line]
+    modes = [line for line in lines if "vs sync, trained tokens/s" in line]
+    assert scale and all("2026-12-09 | feedbee | `scale it`" in line for line in scale)
+    assert modes and not any("feedbee" in line for line in modes)
