@@ -509,6 +509,33 @@ def _scale_rows(scaling: list[dict], provenance: dict | None) -> list[Row]:
     return rows
 
 
+MODE_NAMES = {"sync": "sync", **SIM_MODES, **STRAGGLER_MODES}
+
+
+def modes_table(results: dict[str, dict]) -> str:
+    """Every mode of every workload of the simulated cluster, against its sync run and
+    the ideal bound."""
+    sim = _need(results, "cluster_sim")
+    lines = [
+        "| workload | mode | trained tokens/s | vs sync | of the ideal bound | pool idle "
+        "| trainer idle | trained episodes by staleness | stale: dropped / down-weighted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, result in sim["workloads"].items():
+        for mode, run in result["modes"].items():
+            speedup = run.get("speedup_over_sync")
+            staleness = ", ".join(f"{k}: {v}" for k, v in run["staleness_hist"].items())
+            lines.append(
+                f"| {workload} | {MODE_NAMES.get(mode, mode)} | "
+                f"{run['trained_tokens_per_s']:.0f} | "
+                + (_x(speedup) if speedup is not None else "–")
+                + f" | {run['efficiency']:.1%} | {run['pool_idle_fraction']:.0%} | "
+                f"{run['trainer_idle_fraction']:.0%} | {staleness or '–'} | "
+                f"{run['episodes_dropped_stale']} / {run['episodes_downweighted_stale']} |"
+            )
+    return "\n".join(lines)
+
+
 def scaling_table(results: dict[str, dict]) -> str:
     """The simulated cluster's scale points as measured, then the control plane modeled
     past them (``projection``)."""
@@ -838,9 +865,10 @@ def render_pages(root: Path, results: dict[str, dict]) -> dict[Path, str]:
     readme = replace_block(readme, "main-job", main_job)
     benchmarks = replace_block((root / BENCHMARKS).read_text(), "summary", summary_table(results))
     try:
-        scaling = scaling_table(results)
+        modes, scaling = modes_table(results), scaling_table(results)
     except (KeyError, TypeError, ValueError) as exc:
-        raise RenderError(f"{BENCHMARKS}: cannot render the scaling table: {exc!r}") from exc
+        raise RenderError(f"{BENCHMARKS}: cannot render the cluster tables: {exc!r}") from exc
+    benchmarks = replace_block(benchmarks, "cluster-modes", modes)
     benchmarks = replace_block(benchmarks, "cluster-scaling", scaling)
     return {README: readme, BENCHMARKS: benchmarks}
 

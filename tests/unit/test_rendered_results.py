@@ -118,14 +118,20 @@ def _fault_tolerance() -> dict:
     }
 
 
-def _cluster_sim() -> dict:
-    def mode(tokens: float, speedup: float, efficiency: float) -> dict:
-        return {
-            "trained_tokens_per_s": tokens,
-            "speedup_over_sync": speedup,
-            "efficiency": efficiency,
-        }
+def _mode(tokens: float, speedup: float, efficiency: float = 0.5) -> dict:
+    return {
+        "trained_tokens_per_s": tokens,
+        "speedup_over_sync": speedup,
+        "efficiency": efficiency,
+        "pool_idle_fraction": 1 - efficiency,
+        "trainer_idle_fraction": 0.5,
+        "staleness_hist": {"0": 8, "1": int(10 * speedup)},
+        "episodes_dropped_stale": int(speedup > 2),
+        "episodes_downweighted_stale": 0,
+    }
 
+
+def _cluster_sim() -> dict:
     return {
         "benchmark": "cluster_sim",
         "commit": "abc1234",
@@ -137,9 +143,9 @@ def _cluster_sim() -> dict:
         "workloads": {
             "agentic": {
                 "modes": {
-                    "sync": mode(100.0, 1.0, 0.3),
-                    "eta1": mode(200.0, 2.0, 0.6),
-                    "eta2": mode(250.0, 2.5, 0.75),
+                    "sync": _mode(100.0, 1.0, 0.3),
+                    "eta1": _mode(200.0, 2.0, 0.6),
+                    "eta2": _mode(250.0, 2.5, 0.75),
                 }
             }
         },
@@ -180,6 +186,7 @@ README = (
 )
 BENCHMARKS = (
     "# Benchmarks\n\n<!-- render:summary -->\nold table\n<!-- /render:summary -->\n\n## x\n"
+    "\n<!-- render:cluster-modes -->\n<!-- /render:cluster-modes -->\n"
     "\n<!-- render:cluster-scaling -->\n<!-- /render:cluster-scaling -->\n"
 )
 
@@ -368,8 +375,8 @@ def test_a_readme_figure_needs_its_result(root):
 def test_straggler_modes_get_their_own_row_and_never_count_as_async(root):
     sim = _cluster_sim()
     modes = sim["workloads"]["agentic"]["modes"]
-    modes["oversample"] = {"trained_tokens_per_s": 400.0, "speedup_over_sync": 4.0}
-    modes["partial_groups"] = {"trained_tokens_per_s": 150.0, "speedup_over_sync": 1.5}
+    modes["oversample"] = _mode(400.0, 4.0)
+    modes["partial_groups"] = _mode(150.0, 1.5)
     sim["scaling"][1]["driver_busy_share"] = 0.123
     _write_result(root, "cluster_sim", sim)
     render.write(root)
@@ -383,8 +390,8 @@ def test_straggler_modes_get_their_own_row_and_never_count_as_async(root):
 
 def test_a_straggler_only_run_renders_its_rows(root):
     modes = {
-        "sync": {"trained_tokens_per_s": 100.0, "speedup_over_sync": 1.0},
-        "partial_groups": {"trained_tokens_per_s": 130.0, "speedup_over_sync": 1.3},
+        "sync": _mode(100.0, 1.0),
+        "partial_groups": _mode(130.0, 1.3),
     }
     _write_result(
         root,
@@ -450,6 +457,15 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
     summary = [line for line in page.splitlines() if "control plane at" in line]
     assert len(summary) == 2  # the most replicas (16) and the most episodes (10240)
     assert "16 replicas × 4 workers" in summary[0] and "10240 concurrent" in summary[1]
+
+
+def test_the_modes_table_gives_every_mode_against_sync_and_the_bound(root):
+    render.write(root)
+    page = (root / "docs/benchmarks.md").read_text()
+    table = page.split("<!-- render:cluster-modes -->\n")[1].split("<!-- /render")[0]
+    assert "| agentic | sync | 100 | 1.00× | 30.0% | 70% | 50% | 0: 8, 1: 10 | 0 / 0 |" in table
+    assert "| agentic | η = 2 | 250 | 2.50× | 75.0% | 25% | 50% | 0: 8, 1: 25 | 1 / 0 |" in table
+    assert table.count("| agentic |") == 3
 
 
 def test_scale_rows_carry_the_provenance_of_a_scale_only_run(root):
