@@ -515,8 +515,9 @@ SCALING_FIELDS = (
 def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
     """The agentic workload at η = 1 with ``REPLICASxWORKERS[xPROMPTS][@TIME_SCALE][:STEPS]``:
     prompts per step given, or scaled with the replicas (the same episodes per replica as
-    the main runs); a time scale of its own where more replicas would outrun this
-    machine's cores at the main runs' one; steps of its own where each is long."""
+    the main runs); training GPUs scaled with the replicas (the main runs' ratio); a time
+    scale of its own where more replicas would outrun this machine's cores at the main
+    runs' one; steps of its own where each is long."""
     point, _, steps = point.partition(":")
     shape, _, time_scale = point.partition("@")
     replicas, workers, *prompts = (int(x) for x in shape.split("x"))
@@ -526,12 +527,13 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
             "replicas": replicas,
             "workers": workers,
             "steps": int(steps) if steps else args.scale_steps,
+            "train_gpus": max(1, args.train_gpus * replicas // args.replicas),
             "time_scale": float(time_scale) if time_scale else args.time_scale,
         }
     )
     scaled.batch = prompts[0] if prompts else max(1, args.batch * replicas // args.replicas)
     nodes = math.ceil(replicas / args.replicas_per_node) if args.replicas_per_node else 0
-    with _rollout_nodes(nodes, replicas, workers, args.train_gpus) as overrides:
+    with _rollout_nodes(nodes, replicas, workers) as overrides:
         scaled.overrides = [*args.overrides, *overrides]
         result = asyncio.run(_run(scaled, "agentic", "eta1"))
     _bound({"eta1": result})  # against the capacity this run reached
@@ -539,6 +541,7 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
         "replicas": replicas,
         "workers": workers,
         "rollout_nodes": nodes,
+        "train_gpus": scaled.train_gpus,
         "batch_prompts": scaled.batch,
         "steps": scaled.steps,
     }
@@ -546,7 +549,7 @@ def _scale_point(args: argparse.Namespace, point: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _rollout_nodes(nodes: int, replicas: int, workers: int, train_gpus: int) -> Iterator[list[str]]:
+def _rollout_nodes(nodes: int, replicas: int, workers: int) -> Iterator[list[str]]:
     """A Ray cluster of ``nodes`` rollout nodes on this machine (each a raylet of its own,
     as ``ray start`` runs it on a GPU node) around a head node that holds the driver,
     Serve's controller and the trainer; yields the config overrides that put the run on
@@ -555,23 +558,29 @@ def _rollout_nodes(nodes: int, replicas: int, workers: int, train_gpus: int) -> 
     if not nodes:
         yield []
         return
-    serve.shutdown()
-    ray.shutdown()  # the local instance of the runs before, if any
+    _leave_ray()  # the local instance of the runs before, if any
     per_node = math.ceil(replicas / nodes)
     names = [f"rollout{i}" for i in range(nodes)]
     os.environ["RAY_AUTH_MODE"] = "token"  # as Ray defaults to for `ray start` nodes
     prepare_token_auth()
     cluster = start_cluster(
         {"head": {}} | {name: {"agentrl_rollout": per_node} for name in names},
-        {"head": 4 + train_gpus} | {name: per_node + math.ceil(workers / nodes) for name in names},
+        {"head": 4 + workers} | {name: per_node + math.ceil(workers / nodes) for name in names},
     )
     try:
         yield [f"ray.address={cluster.address}", "placement.rollout.node_resource=agentrl_rollout"]
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        _leave_ray()
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def _leave_ray() -> None:
+    """Serve and Ray shut down where this process is connected (``serve.shutdown`` would
+    start a local Ray to look for a Serve instance otherwise)."""
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
 
 
 PROJECTED_REPLICAS = (64, 128, 256)
@@ -876,8 +885,7 @@ def main() -> None:
                 payload = _beside_recorded_runs(json.loads(path.read_text()), payload)
             _write(path, payload)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        _leave_ray()
     if results:
         _print_table(results)
     if scaling:

@@ -206,6 +206,17 @@ def _write_result(root: Path, name: str, payload: dict) -> None:
     (root / "bench/results" / f"{name}.json").write_text(json.dumps(payload))
 
 
+def _rendered(root: Path, page: str) -> str:
+    """``page`` of ``root`` once rendered from root's results."""
+    render.write(root)
+    return (root / page).read_text()
+
+
+def _block(page: str, name: str) -> str:
+    """The text of a page's rendered block ``name``."""
+    return page.split(f"<!-- render:{name} -->\n")[1].split(f"<!-- /render:{name}")[0]
+
+
 def _check(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--check", "--root", str(root)],
@@ -218,13 +229,13 @@ def _check(root: Path) -> subprocess.CompletedProcess:
 def test_the_readme_blocks_carry_the_results_figures_and_nothing_else_moves(root):
     render.write(root)
     readme = (root / "README.md").read_text()
-    main_job = readme.split("<!-- render:main-job -->\n")[1].split("<!-- /render:main-job")[0]
+    main_job = _block(readme, "main-job")
     assert "2 seeds" in main_job
     assert "0.125 → **0.625 ± 0.050**" in main_job
     assert "7.0–8.5 minutes" in main_job
     assert "12.5 GB" in main_job
     assert "docs/benchmarks.md#retool-mini-the-main-job" in main_job
-    why = readme.split("<!-- render:why -->\n")[1].split("<!-- /render:why")[0]
+    why = _block(readme, "why")
     reasons = why.strip().splitlines()
     assert len(reasons) == 3 and all(r.startswith("- ") for r in reasons)
     assert "4 replicas of big-gpu" in reasons[0] and "trains 2.50× the tokens/s" in reasons[0]
@@ -450,7 +461,7 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
     _write_result(root, "cluster_sim", sim)
     render.write(root)
     page = (root / "docs/benchmarks.md").read_text()
-    table = page.split("<!-- render:cluster-scaling -->\n")[1].split("<!-- /render")[0]
+    table = _block(page, "cluster-scaling")
     assert "| 8 × 2 | – | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 1.0 GB | 0.5 |" in table
     assert "| 12 × 8 | 2 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
     assert "| 128 | 25.6 | 38% |" in table and "saturates near 340 replicas" in table
@@ -460,9 +471,7 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
 
 
 def test_the_modes_table_gives_every_mode_against_sync_and_the_bound(root):
-    render.write(root)
-    page = (root / "docs/benchmarks.md").read_text()
-    table = page.split("<!-- render:cluster-modes -->\n")[1].split("<!-- /render")[0]
+    table = _block(_rendered(root, "docs/benchmarks.md"), "cluster-modes")
     assert "| agentic | sync | 100 | 1.00× | 30.0% | 70% | 50% | 0: 8, 1: 10 | 0 / 0 |" in table
     assert "| agentic | η = 2 | 250 | 2.50× | 75.0% | 25% | 50% | 0: 8, 1: 25 | 1 / 0 |" in table
     assert table.count("| agentic |") == 3
