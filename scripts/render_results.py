@@ -485,9 +485,10 @@ def _ahead_row(setup: dict, workload: str, modes: dict[str, dict], ahead: list[s
 
 
 def _scale_rows(scaling: list[dict], provenance: dict | None) -> list[Row]:
-    """The point with the most replicas and the one with the most concurrent episodes
+    """The point with the most replicas (of those, the fewest episodes in flight: the
+    load of the smaller points) and the one with the most concurrent episodes
     (``provenance``: a scale-only run's, where not the file's)."""
-    most_replicas = max(scaling, key=lambda s: (s["replicas"], s["max_concurrent_episodes"]))
+    most_replicas = max(scaling, key=lambda s: (s["replicas"], -s["max_concurrent_episodes"]))
     most_episodes = max(scaling, key=lambda s: (s["max_concurrent_episodes"], s["replicas"]))
     points = [most_replicas] if most_episodes is most_replicas else [most_replicas, most_episodes]
     rows = []
@@ -502,7 +503,7 @@ def _scale_rows(scaling: list[dict], provenance: dict | None) -> list[Row]:
                 ratio=f"{point['efficiency']:.0%} of the ideal bound",
                 spread=f"{point['max_concurrent_episodes']} concurrent episodes"
                 + (f", driver busy {busy:.0%} of the time" if busy is not None else "")
-                + ", one run",
+                + f", engine lag {point['max_engine_lag_s']:.0f} s, one run",
                 provenance=provenance,
             )
         )
@@ -543,8 +544,8 @@ def scaling_table(results: dict[str, dict]) -> str:
     lines = [
         "| replicas × workers | rollout nodes | prompts per step | peak concurrent episodes "
         "| trained tokens/s | efficiency | driver busy | driver ms per episode "
-        "| CPU ms per episode | cores busy (of 2) | memory | time scale |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU ms per episode | cores busy (of 2) | engine lag | memory | time scale |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for point in sim.get("scaling", []):
         memory, busy = point.get("memory_mb"), point.get("driver_busy_share")
@@ -558,7 +559,7 @@ def scaling_table(results: dict[str, dict]) -> str:
             + " | "
             + (f"{driver_ms:.1f}" if driver_ms is not None else "–")
             + f" | {sum(point['cpu_ms_per_trained_episode'].values()):.0f} | "
-            f"{point['cpu_share_of_wall']:.2f} | "
+            f"{point['cpu_share_of_wall']:.2f} | {point['max_engine_lag_s']:.0f} s | "
             + (f"{sum(memory.values()) / 1024:.1f} GB" if memory else "–")
             + f" | {point.get('time_scale', sim['setup']['time_scale'])} |"
         )

@@ -168,6 +168,7 @@ def _scale_point(replicas: int, workers: int, tokens: float, efficiency: float, 
         "cpu_ms_per_trained_episode": {"driver": 2.0, "replicas": 10.0},
         "episode_cpu_ms": {"driver": 1.5, "replicas": 9.0},
         "cpu_share_of_wall": 0.5,
+        "max_engine_lag_s": 3.2,
         "memory_mb": {"replicas": 1024.0 * replicas / 8},
         "time_scale": 0.5,
     }
@@ -293,7 +294,7 @@ def test_the_summary_table_gives_each_row_its_figures_date_commit_and_command(ro
         "80",
         "–",
         "50% of the ideal bound",
-        "128 concurrent episodes, driver busy 16% of the time, one run",
+        "128 concurrent episodes, driver busy 16% of the time, engine lag 3 s, one run",
     ]
     faults = rows["Fault injection, every fault: runs survived; episodes lost / trained twice"]
     assert faults[1] == "**21 of 22**; **3 / 1**"
@@ -462,7 +463,7 @@ def test_the_scaling_table_gives_every_scale_point_and_the_summary_its_extremes(
     render.write(root)
     page = (root / "docs/benchmarks.md").read_text()
     table = _block(page, "cluster-scaling")
-    assert "| 8 × 2 | – | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 1.0 GB | 0.5 |" in table
+    assert "| 8 × 2 | – | 16 | 64 | 90 | 80% | 8.0% | 1.5 | 12 | 0.50 | 3 s | 1.0 GB | 0.5 |" in table
     assert "| 12 × 8 | 2 | 2560 | 10240 | 70 | 90% | 12.0% |" in table
     assert "| 128 | 25.6 | 38% |" in table and "saturates near 340 replicas" in table
     summary = [line for line in page.splitlines() if "control plane at" in line]
