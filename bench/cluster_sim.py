@@ -500,6 +500,7 @@ SCALING_FIELDS = (
     "pool_idle_fraction",
     "trainer_idle_fraction",
     "max_concurrent_episodes",
+    "episodes_failed",
     "max_engine_lag_s",
     "cpu_share_of_wall",
     "driver_busy_share",
