@@ -651,11 +651,7 @@ def _payload(
         },
     }
     payload["scaling"] = scaling
-    runs = [r for workload in results.values() for r in workload.values()]
-    replicas = [args.replicas] * bool(runs) + [row["replicas"] for row in scaling]
-    concurrent = [r["max_concurrent_episodes"] for r in (*runs, *scaling)]
-    payload["max_replicas"] = max(replicas, default=0)
-    payload["max_concurrent_episodes"] = max(concurrent, default=0)
+    payload |= _reached(results, args.replicas, scaling)
     agentic = {k: v for k, v in results.get("agentic", {}).items() if k in ASYNC_MODES}
     if agentic and "sync" in results.get("agentic", {}):
         best = max(agentic, key=lambda k: agentic[k]["speedup_over_sync"])
@@ -693,24 +689,32 @@ def _payload(
     return payload
 
 
+def _reached(
+    results: dict[str, dict[str, dict]], run_replicas: int, scaling: list[dict[str, Any]]
+) -> dict[str, int]:
+    """The most replicas and concurrent episodes any mode run (on ``run_replicas``
+    replicas) or scale point reached."""
+    runs = [r for workload in results.values() for r in workload.values()]
+    replicas = [run_replicas] * bool(runs) + [row["replicas"] for row in scaling]
+    concurrent = [r["max_concurrent_episodes"] for r in (*runs, *scaling)]
+    return {
+        "max_replicas": max(replicas, default=0),
+        "max_concurrent_episodes": max(concurrent, default=0),
+    }
+
+
 SCALING_KEYS = ("scaling", "control_plane_share_at_max", "projection")
 
 
 def _beside_recorded_runs(recorded: dict[str, Any], scale_only: dict[str, Any]) -> dict[str, Any]:
     """A recorded file's mode runs with a scale-only run's points, whose provenance goes
     under ``scaling_run`` (the rest keeps the recorded run's)."""
-    runs = [r for w in recorded.get("workloads", {}).values() for r in w["modes"].values()]
+    results = {name: w["modes"] for name, w in recorded.get("workloads", {}).items()}
     merged = recorded | {key: scale_only[key] for key in SCALING_KEYS if key in scale_only}
     merged["scaling_run"] = {
         key: scale_only[key] for key in ("commit", "date", "command", "measured", "versions")
     }
-    merged["max_replicas"] = max(
-        scale_only["max_replicas"], recorded["setup"]["replicas"] if runs else 0
-    )
-    merged["max_concurrent_episodes"] = max(
-        [scale_only["max_concurrent_episodes"], *(r["max_concurrent_episodes"] for r in runs)]
-    )
-    return merged
+    return merged | _reached(results, recorded["setup"]["replicas"], scale_only["scaling"])
 
 
 def _write(path: Path, payload: dict[str, Any]) -> None:
