@@ -268,13 +268,14 @@ class Recorder:
         self._step_counts.clear()
         logged = await super()._finish_step(metrics)
         if self.step in (1, self.cfg.trainer.total_steps):
-            self.snapshots.append(
-                {
-                    "replicas": await self.processes.client.control.stats(),
-                    "cpu": _cpu_by_process(),
-                    "memory_mb": _memory_mb(),
-                }
-            )
+            snapshot = {
+                "replicas": await self.processes.client.control.stats(),
+                "cpu": _cpu_by_process(),
+            }
+            # Memory is read after the CPU times (the last one's is reported): reading
+            # every process's page map costs the driver CPU the run would not spend.
+            snapshot["memory_mb"] = _memory_mb()
+            self.snapshots.append(snapshot)
         return logged | {"bench/end_s": time.perf_counter()}
 
 
@@ -342,6 +343,16 @@ def _component(cmdline: list[str], driver: bool) -> str | None:
     return None
 
 
+def _replica_delta(first: list[dict], last: list[dict]) -> dict[str, float]:
+    """What the replicas alive at the end did between two stats snapshots, by replica id:
+    one Serve started meanwhile (a restart) counts whole, one gone is not counted."""
+    before = {r["replica_id"]: r for r in first}
+    return {
+        key: sum(r[key] - before.get(r["replica_id"], {}).get(key, 0.0) for r in last)
+        for key in ("busy_s", "idle_s", "modeled_s", "generated_tokens")
+    }
+
+
 def _cpu_delta(first: dict, last: dict) -> dict[str, float]:
     """CPU seconds per component between two snapshots (processes born in between count
     whole)."""
@@ -395,10 +406,7 @@ def _measure(
     episodes = sum(h.get("bench/trained_episodes", 0.0) for h in measured)
     train_s = [h["bench/trainer_modeled_s"] for h in measured]
     first, last = trainer.snapshots
-    replicas = {
-        key: sum(r[key] for r in last["replicas"]) - sum(r[key] for r in first["replicas"])
-        for key in ("busy_s", "idle_s", "modeled_s", "generated_tokens")
-    }
+    replicas = _replica_delta(first["replicas"], last["replicas"])
     staleness: Counter[int] = Counter()
     for h in measured:
         for key, value in h.items():

@@ -130,18 +130,26 @@ def compute_mismatch_metrics(
 
     All keys carry the ``mismatch/`` prefix; computed in float64.
     """
+    # Over the unmasked tokens only: a padded batch's rows are as long as its longest.
     valid = response_mask.bool()
-    old = torch.where(valid, old_log_prob.detach().double(), 0.0)
-    rollout = torch.where(valid, rollout_log_prob.detach().double(), 0.0)
+    counts = valid.sum(dim=-1)
+    rows = counts > 0
+    old = old_log_prob.detach()[valid].double()
+    rollout = rollout_log_prob.detach()[valid].double()
+    row_of = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
     d = old - rollout
     d_safe = d.clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)
-    rows = valid.any(dim=-1)
-    train_log_ppl = -masked_mean(old, valid, dim=-1)[rows]
-    rollout_log_ppl = -masked_mean(rollout, valid, dim=-1)[rows]
+
+    def row_means(x: Tensor) -> Tensor:
+        sums = torch.zeros(len(counts), dtype=x.dtype, device=x.device).index_add_(0, row_of, x)
+        return sums[rows] / counts[rows]
+
+    train_log_ppl = -row_means(old)
+    rollout_log_ppl = -row_means(rollout)
     log_ppl_diff = train_log_ppl - rollout_log_ppl
     metrics = {
-        "mismatch_kl": masked_mean(-d, valid),
-        "mismatch_k3_kl": masked_mean(d_safe.exp() - d_safe - 1, valid),
+        "mismatch_kl": _mean(-d),
+        "mismatch_k3_kl": _mean(d_safe.exp() - d_safe - 1),
         "mismatch_training_log_ppl": _mean(train_log_ppl),
         "mismatch_training_ppl": _mean(train_log_ppl.exp()),
         "mismatch_rollout_log_ppl": _mean(rollout_log_ppl),

@@ -132,6 +132,11 @@ class TrajectoryQueue:
         self.stale_weight_decay = stale_weight_decay
         self.max_response_length = max_response_length
         self._downweighted: set[str] = set()
+        # Complete groups whose staleness was applied at policy version _checked_version:
+        # get_batch runs the rule on every arrival, and only a new group or a new version
+        # can change what it finds.
+        self._checked_groups: set[str] = set()
+        self._checked_version = version
         self._rule = StalenessController(
             max_staleness=max_staleness,
             batch_size=batch_groups * group_size,
@@ -382,7 +387,11 @@ class TrajectoryQueue:
         """Drop or down-weight episodes more than η versions behind; drop empty groups.
         Returns whether a dropped episode gave a slot of the staleness rule back."""
         freed = False
-        for group_id in list(self._complete):
+        if self._rule.version != self._checked_version:
+            self._checked_groups.clear()
+            self._checked_version = self._rule.version
+        for group_id in [g for g in self._complete if g not in self._checked_groups]:
+            self._checked_groups.add(group_id)
             kept = []
             for episode in self._complete[group_id]:
                 excess = self._staleness(episode) - self.max_staleness if episode.ok else 0

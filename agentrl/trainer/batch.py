@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,46 +36,71 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
     """
     if not samples:
         raise ValueError("cannot build a training batch from zero samples")
-    prompt_len = max(len(s.output.prompt_ids) for s in samples)
-    response_len = max(max(len(s.output.response_ids) for s in samples), 1)
-    rows = len(samples)
-    input_ids = torch.full((rows, prompt_len + response_len), pad_token_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    response_mask = torch.zeros((rows, response_len), dtype=torch.float32)
-    rollout_log_probs = torch.zeros((rows, response_len), dtype=torch.float32)
-    versions = torch.full((rows, response_len), -1, dtype=torch.long)
-    turn_index = torch.full((rows, response_len), -1, dtype=torch.long)
-    turn_rewards = torch.zeros((rows, response_len), dtype=torch.float32)
-    for i, sample in enumerate(samples):
-        out = sample.output
-        p, r = len(out.prompt_ids), len(out.response_ids)
-        input_ids[i, prompt_len - p : prompt_len] = torch.tensor(out.prompt_ids)
-        attention[i, prompt_len - p : prompt_len + r] = 1
-        if r:
-            input_ids[i, prompt_len : prompt_len + r] = torch.tensor(out.response_ids)
-            response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.float32)
-            rollout_log_probs[i, :r] = torch.tensor(out.response_logprobs)
-            versions[i, :r] = torch.tensor(out.response_versions)
-            turn_index[i, :r], turn_rewards[i, :r] = turn_layout(
-                response_mask[i, :r],
-                sample.score,
-                out.extra.get("turn_ends"),
-                out.extra.get("turn_rewards"),
-            )
+    outputs = [s.output for s in samples]
+    prompt_lengths = torch.tensor([len(o.prompt_ids) for o in outputs])
+    response_lengths = torch.tensor([len(o.response_ids) for o in outputs])
+    prompt_len = int(prompt_lengths.max())
+    response_len = max(int(response_lengths.max()), 1)
+    # Each field's tokens of all rows go into the batch in one vectorised copy: row-major
+    # order of a mask's True cells is the order of the rows' tokens laid end to end.
+    in_prompt = torch.arange(prompt_len) >= prompt_len - prompt_lengths.unsqueeze(1)
+    in_response = torch.arange(response_len) < response_lengths.unsqueeze(1)
+
+    def laid_out(field: str, dtype: type[np.generic], fill: float, where: Tensor) -> Tensor:
+        values = _concatenated(outputs, field, dtype)
+        out = torch.full(where.shape, fill, dtype=values.dtype)
+        out[where] = values
+        return out
+
+    response_mask = laid_out("response_mask", np.float32, 0, in_response)
     batch: Batch = {
-        "input_ids": input_ids,
-        "attention_mask": attention,
-        "response_mask": response_mask,
-        "rollout_log_probs": rollout_log_probs,
-        "response_versions": versions,
-        "turn_index": turn_index,
-        "turn_rewards": turn_rewards,
-        "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
-        "sample_weight": torch.tensor(
-            [float(s.output.extra.get("sample_weight", 1.0)) for s in samples]
+        "input_ids": torch.cat(
+            [
+                laid_out("prompt_ids", np.int64, pad_token_id, in_prompt),
+                laid_out("response_ids", np.int64, pad_token_id, in_response),
+            ],
+            dim=1,
         ),
+        "attention_mask": torch.cat([in_prompt, in_response], dim=1).long(),
+        "response_mask": response_mask,
+        "rollout_log_probs": laid_out("response_logprobs", np.float32, 0, in_response),
+        "response_versions": laid_out("response_versions", np.int64, -1, in_response),
+        "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
+        "sample_weight": torch.tensor([float(o.extra.get("sample_weight", 1.0)) for o in outputs]),
     }
+    batch["turn_index"], batch["turn_rewards"] = _turns(samples, response_mask)
     return batch, [s.group_id for s in samples]
+
+
+def _concatenated(outputs: list[AgentLoopOutput], field: str, dtype: type[np.generic]) -> Tensor:
+    """``field`` of every output, laid end to end (one conversion of all their values)."""
+    values = [getattr(output, field) for output in outputs]
+    count = sum(len(v) for v in values)
+    return torch.from_numpy(np.fromiter(chain.from_iterable(values), dtype=dtype, count=count))
+
+
+def _turns(samples: list[Sample], response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``turn_index`` and ``turn_rewards`` (``turn_layout``'s, row by row): a row without
+    turn ends is one turn whose last model token earns the score, computed for all such
+    rows at once."""
+    model = response_mask > 0
+    turn_index = torch.where(model, 0, -1)
+    turn_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (model * torch.arange(model.shape[1])).argmax(dim=1)
+    scores = torch.tensor([s.score for s in samples], dtype=torch.float32)
+    rows = torch.nonzero(model.any(dim=1)).flatten()
+    turn_rewards[rows, last[rows]] = scores[rows]
+    for i, sample in enumerate(samples):
+        extra = sample.output.extra
+        if extra.get("turn_ends") is None or extra.get("turn_rewards") is None:
+            continue
+        r = len(sample.output.response_ids)
+        turn_index[i].fill_(-1)
+        turn_rewards[i].zero_()
+        turn_index[i, :r], turn_rewards[i, :r] = turn_layout(
+            response_mask[i, :r], sample.score, extra["turn_ends"], extra["turn_rewards"]
+        )
+    return turn_index, turn_rewards
 
 
 def response_lengths(batch: Batch) -> Tensor:

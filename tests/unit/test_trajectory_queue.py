@@ -101,6 +101,22 @@ async def test_staleness_counts_the_oldest_model_token_of_all_an_episodes_output
     assert batch.staleness == [4]
 
 
+async def test_a_group_waiting_in_the_queue_is_checked_again_when_the_version_moves():
+    q = _queue(batch_groups=2, max_staleness=1, max_concurrency=8)
+    await q.reserve(6)
+    waiting = asyncio.ensure_future(q.get_batch())
+    for k in range(2):
+        await q.put(_episode("a", k, version=0))
+    await asyncio.sleep(0)  # the trainer looked at "a" at version 0: fresh then
+    await q.set_version(2)
+    for group in ("b", "c"):
+        for k in range(2):
+            await q.put(_episode(group, k, version=2))
+    batch = await asyncio.wait_for(waiting, 1)
+    assert [e.group_id for e in batch.episodes] == ["b", "b", "c", "c"]
+    assert batch.metrics["async/dropped_stale"] == 2
+
+
 async def test_stale_episodes_can_be_downweighted_instead():
     q = _queue(batch_groups=1, max_staleness=0, stale_policy="downweight")
     await q.reserve(1)
