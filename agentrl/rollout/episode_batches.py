@@ -110,11 +110,14 @@ class EpisodeBatches:
         futures = [future for _, future in batch]
         requests = [request for request, _ in batch]
         call = self._start(self._call(worker, requests, futures))
+        pending = len(futures)  # a count: a batch holds up to thousands of episodes
 
         def drop_when_unwanted(future: asyncio.Future[EpisodeResult], episode_id: str) -> None:
+            nonlocal pending
+            pending -= 1
             if future.cancelled() and not call.done():
                 self._cancel_on_worker(index, worker, episode_id)
-            if all(future.done() for future in futures):
+            if not pending:
                 call.cancel()  # nothing left to listen for
 
         for request, future in batch:
