@@ -113,8 +113,7 @@ class AgentLoopOutput:
     @property
     def min_version(self) -> int | None:
         """Oldest policy version among the model's tokens (None if it produced none)."""
-        masked = zip(self.response_versions, self.response_mask, strict=True)
-        return min((v for v, m in masked if m), default=None)
+        return min(compress(self.response_versions, self.response_mask), default=None)
 
 
 class TrajectoryBuilder:

@@ -39,7 +39,7 @@ from agentrl.reward.builtin import ScoreFn, default_compute_score
 from agentrl.reward.config import RewardConfig
 from agentrl.reward.judge import RewardJudge, Verdict
 from agentrl.reward.loader import RewardFnRef, load_reward_fn
-from agentrl.reward.runners import ProcessRunner, run_in_thread
+from agentrl.reward.runners import ProcessRunner, ThreadRunner
 from agentrl.server.config import ServerConfig
 
 __all__ = ["RewardBatch", "RewardManager", "RewardRequest", "RewardResult", "reward_metrics"]
@@ -172,6 +172,7 @@ class RewardManager:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self._processes = ProcessRunner(num_workers) if executor == "process" else None
+        self._threads = ThreadRunner()
         self._slots: asyncio.Semaphore | None = None
         self.judge = judge
 
@@ -212,7 +213,7 @@ class RewardManager:
         }
         if self._processes is not None:
             return await self._processes.run(self._target, kwargs, self.timeout_s)
-        return await run_in_thread(self._target, kwargs, self.timeout_s)
+        return await self._threads.run(self._target, kwargs, self.timeout_s)
 
     async def score(self, request: RewardRequest) -> RewardResult:
         """Score one response; errors and timeouts give 0.0 and are recorded, not raised.

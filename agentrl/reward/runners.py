@@ -1,7 +1,9 @@
 """Run a blocking reward call off the event loop, with a timeout, in a thread or a process.
 
-Threads: each call gets its own daemon thread; a call that times out is abandoned (Python
-cannot kill a thread) and keeps running until it returns, without holding a worker slot.
+Threads: long-lived daemon threads, one call at a time each, started only when none is idle
+(a thread per call would cost the driver's event loop a thread start per episode). A call
+that times out is abandoned with its thread (Python cannot kill a thread): it keeps running
+until it returns, without holding a worker slot, and its thread then ends.
 
 Processes: a ``spawn`` pool. The worker arms ``SIGALRM`` for the timeout, which interrupts
 pure-Python work; a call stuck in C code is caught by a guard timeout in the parent, which
@@ -17,6 +19,7 @@ import contextlib
 import inspect
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from typing import Any
 from agentrl.plugins import PluginError, import_plugins_from_env
 from agentrl.reward.loader import RewardFnRef
 
-__all__ = ["GUARD_GRACE_S", "POOL_START_S", "ProcessRunner", "call_reward_fn", "run_in_thread"]
+__all__ = ["GUARD_GRACE_S", "POOL_START_S", "ProcessRunner", "ThreadRunner", "call_reward_fn"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,23 +75,45 @@ def _bridge(future: asyncio.Future[Any]) -> tuple[Callable[[Any], None], Callabl
     return ok, fail
 
 
-async def run_in_thread(target: Target, kwargs: dict[str, Any], timeout_s: float) -> Any:
-    """Run the call in a new daemon thread; raise ``TimeoutError`` after ``timeout_s``."""
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    ok, fail = _bridge(future)
+class ThreadRunner:
+    """Runs blocking calls on daemon threads that outlive them, with a timeout."""
 
-    def work() -> None:
+    def __init__(self) -> None:
+        self._idle: list[_CallThread] = []
+
+    async def run(self, target: Target, kwargs: dict[str, Any], timeout_s: float) -> Any:
+        """The call's result on an idle thread (a new one if none is); raise
+        ``TimeoutError`` after ``timeout_s``, the call's own error if it raised."""
+        thread = self._idle.pop() if self._idle else _CallThread()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        thread.calls.put((target, kwargs, *_bridge(future)))
         try:
-            result = call_reward_fn(target, kwargs)
-        except Exception as exc:
-            fail(exc)
-        except BaseException as exc:  # SystemExit & co. must not escape into the event loop
-            fail(RuntimeError(f"{type(exc).__name__}: {exc}"))
-        else:
-            ok(result)
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            if future.cancelled():  # timed out or given up: the call may still run
+                thread.calls.put(None)
+            else:
+                self._idle.append(thread)
 
-    threading.Thread(target=work, daemon=True, name="agentrl-reward").start()
-    return await asyncio.wait_for(future, timeout_s)
+
+class _CallThread:
+    """A daemon thread that runs the calls put in ``calls`` until it gets None."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, daemon=True, name="agentrl-reward").start()
+
+    def _serve(self) -> None:
+        while (call := self.calls.get()) is not None:
+            target, kwargs, ok, fail = call
+            try:
+                result = call_reward_fn(target, kwargs)
+            except Exception as exc:
+                fail(exc)
+            except BaseException as exc:  # SystemExit & co. must not escape into the event loop
+                fail(RuntimeError(f"{type(exc).__name__}: {exc}"))
+            else:
+                ok(result)
 
 
 def _on_alarm(signum: int, frame: Any) -> None:

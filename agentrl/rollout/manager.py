@@ -90,7 +90,7 @@ class AgentLoopManager:
         failed episode. Raises ``NoLiveWorker`` when no worker is left to run it."""
         retries = 0
         while True:
-            index, worker = await self._pool.acquire()
+            index, worker = await self._pool.acquire(request.group_id)
             try:
                 result = await self._batches.submit(index, worker, request)
             except ray.exceptions.RayActorError as error:

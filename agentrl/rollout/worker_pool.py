@@ -35,7 +35,10 @@ class NoLiveWorker(RuntimeError):
 
 
 class WorkerPool:
-    """Round-robin over the live actors (any actors with an async ``ping()`` method)."""
+    """Round-robin over the live actors (any actors with an async ``ping()`` method), by
+    key: calls with the key of the call before get its worker again, so the episodes of a
+    group, started one after another, share one worker (and one call to it, see
+    ``EpisodeBatches``) instead of one call to each of several."""
 
     def __init__(self, actors: list[ActorHandle], restart_timeout_s: float) -> None:
         self.actors = list(actors)
@@ -43,9 +46,11 @@ class WorkerPool:
         self._restarting: dict[int, asyncio.Task[None]] = {}
         self._lost: dict[int, str] = {}
         self._turn = 0
+        self._last: tuple[str, int] | None = None  # the last call's key and worker
 
-    async def acquire(self) -> tuple[int, ActorHandle]:
-        """The next live worker and its index. Waits while every worker that is not lost
+    async def acquire(self, key: str | None = None) -> tuple[int, ActorHandle]:
+        """The next live worker and its index (the last call's worker, if ``key`` is the
+        last call's and that worker is live). Waits while every worker that is not lost
         is restarting; raises ``NoLiveWorker`` once all are lost."""
         while True:
             live = [
@@ -54,8 +59,13 @@ class WorkerPool:
                 if i not in self._restarting and i not in self._lost
             ]
             if live:
+                if key is not None and self._last is not None and self._last[0] == key:
+                    index = self._last[1]
+                    if index in live:
+                        return index, self.actors[index]
                 index = live[self._turn % len(live)]
                 self._turn += 1
+                self._last = None if key is None else (key, index)
                 return index, self.actors[index]
             if not self._restarting:
                 fates = "; ".join(f"worker {i} {why}" for i, why in sorted(self._lost.items()))
