@@ -70,7 +70,9 @@ class AgentLoopManager:
             ).remote(worker_config)
             for placement in worker_placement(rollout.num_workers, rollout.worker_num_cpus)
         ]
-        self._pool = WorkerPool(workers, rollout.worker_restart_timeout_s)
+        self._pool = WorkerPool(
+            workers, rollout.worker_restart_timeout_s, max_run=rollout.max_concurrent_loops
+        )
         self._batches = EpisodeBatches()
 
     def default_sampling(self) -> SamplingParams:

@@ -36,22 +36,27 @@ class NoLiveWorker(RuntimeError):
 
 class WorkerPool:
     """Round-robin over the live actors (any actors with an async ``ping()`` method), by
-    key: calls with the key of the call before get its worker again, so the episodes of a
-    group, started one after another, share one worker (and one call to it, see
-    ``EpisodeBatches``) instead of one call to each of several."""
+    key: up to ``max_run`` calls in a row with one key get the same worker, so the
+    episodes of a group, started one after another, share one worker (and one call to it,
+    see ``EpisodeBatches``) instead of one call to each of several. ``max_run`` is what
+    a worker runs at once: a larger group spreads over workers."""
 
-    def __init__(self, actors: list[ActorHandle], restart_timeout_s: float) -> None:
+    def __init__(
+        self, actors: list[ActorHandle], restart_timeout_s: float, max_run: int = 1
+    ) -> None:
         self.actors = list(actors)
         self.restart_timeout_s = restart_timeout_s
+        self.max_run = max_run
         self._restarting: dict[int, asyncio.Task[None]] = {}
         self._lost: dict[int, str] = {}
         self._turn = 0
-        self._last: tuple[str, int] | None = None  # the last call's key and worker
+        self._run: tuple[str, int, int] | None = None  # key, worker and length of the run
 
     async def acquire(self, key: str | None = None) -> tuple[int, ActorHandle]:
         """The next live worker and its index (the last call's worker, if ``key`` is the
-        last call's and that worker is live). Waits while every worker that is not lost
-        is restarting; raises ``NoLiveWorker`` once all are lost."""
+        last call's, that worker is live and its run is shorter than ``max_run``). Waits
+        while every worker that is not lost is restarting; raises ``NoLiveWorker`` once
+        all are lost."""
         while True:
             live = [
                 i
@@ -59,13 +64,14 @@ class WorkerPool:
                 if i not in self._restarting and i not in self._lost
             ]
             if live:
-                if key is not None and self._last is not None and self._last[0] == key:
-                    index = self._last[1]
-                    if index in live:
+                if key is not None and self._run is not None:
+                    run_key, index, length = self._run
+                    if run_key == key and index in live and length < self.max_run:
+                        self._run = (key, index, length + 1)
                         return index, self.actors[index]
                 index = live[self._turn % len(live)]
                 self._turn += 1
-                self._last = None if key is None else (key, index)
+                self._run = None if key is None else (key, index, 1)
                 return index, self.actors[index]
             if not self._restarting:
                 fates = "; ".join(f"worker {i} {why}" for i, why in sorted(self._lost.items()))

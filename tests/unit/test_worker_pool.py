@@ -44,15 +44,16 @@ async def test_live_workers_are_handed_out_in_turn() -> None:
     assert [(await pool.acquire())[0] for _ in range(4)] == [0, 1, 0, 1]
 
 
-async def test_a_groups_episodes_share_a_worker_while_it_is_live() -> None:
+async def test_a_groups_episodes_share_a_worker_up_to_what_it_runs_at_once() -> None:
     actors = [_Actor(), _Actor(), _Actor()]
-    pool = WorkerPool(actors, restart_timeout_s=5)
+    pool = WorkerPool(actors, restart_timeout_s=5, max_run=3)
     keys = ["a", "a", "a", "b", "b", "c", None, None]
     assert [(await pool.acquire(k))[0] for k in keys] == [0, 0, 0, 1, 1, 2, 0, 1]
+    assert [(await pool.acquire("big"))[0] for _ in range(7)] == [2, 2, 2, 0, 0, 0, 1]
     assert (await pool.acquire("d"))[0] == 2
     actors[2].restarting = True
     pool.died(2)
-    assert (await pool.acquire("d"))[0] == 0  # its worker is restarting: the next one
+    assert (await pool.acquire("d"))[0] != 2  # its worker is restarting: another one
 
 
 async def test_a_restarting_worker_is_skipped_until_it_answers_again() -> None:
