@@ -21,7 +21,9 @@ from agentrl.evaluate import evaluate
 from agentrl.plot import plot_run
 from agentrl.trainer.trainer import Trainer
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.integration
+# The async tests share the module's event loop (one Ray session); the sync test has none.
+module_loop = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def ray_session():
     ray.shutdown()
 
 
+@module_loop
 async def test_grpo_run_raises_the_toy_reward(tiny_checkpoint, tmp_path_factory, ray_session):
     tmp = tmp_path_factory.mktemp("grpo")
     trainer = Trainer(toy_config(tiny_checkpoint, tmp, steps=10))
@@ -80,6 +83,7 @@ def test_a_setup_that_fails_stops_the_servers_and_ranks_it_started(
     assert {g["state"] for g in groups if g["name"].startswith("ActorWorker")} == {"REMOVED"}
 
 
+@module_loop
 async def test_a_ppo_run_with_adaptive_kl_and_dynamic_sampling_resumes_its_critic_and_kl(
     tiny_checkpoint, tmp_path_factory, ray_session
 ):
@@ -148,6 +152,7 @@ def _value_probe() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attention, "response_mask": attention[:, 4:]}
 
 
+@module_loop
 async def test_a_run_s_checkpoint_evaluates_to_its_validation_and_the_run_resumes(
     tiny_checkpoint, tmp_path_factory, ray_session
 ):
