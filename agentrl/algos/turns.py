@@ -70,10 +70,6 @@ def turn_layout(
     positions = torch.nonzero(response_mask).flatten()
     if positions.numel() == 0:
         return turns, token_rewards.float()
-    if not ends:  # one turn (most rows): what the general path computes, without its work
-        turns[positions] = 0
-        token_rewards[positions[-1]] = float(score)
-        return turns, token_rewards.float()
     raw_turn = torch.bucketize(positions, torch.tensor(ends, dtype=torch.long), right=True)
     present = torch.unique(raw_turn)  # sorted raw turns that have model tokens
     raw_rewards = torch.tensor([*rewards, 0.0], dtype=torch.float64)  # trailing turn: 0

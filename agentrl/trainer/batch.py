@@ -68,7 +68,7 @@ def build_batch(samples: list[Sample], pad_token_id: int) -> tuple[Batch, list[s
         "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
         "sample_weight": torch.tensor([float(o.extra.get("sample_weight", 1.0)) for o in outputs]),
     }
-    batch["turn_index"], batch["turn_rewards"] = _turns(samples, response_mask)
+    batch["turn_index"], batch["turn_rewards"] = _turns(samples, response_mask, batch["scores"])
     return batch, [s.group_id for s in samples]
 
 
@@ -79,15 +79,14 @@ def _concatenated(outputs: list[AgentLoopOutput], field: str, dtype: type[np.gen
     return torch.from_numpy(np.fromiter(chain.from_iterable(values), dtype=dtype, count=count))
 
 
-def _turns(samples: list[Sample], response_mask: Tensor) -> tuple[Tensor, Tensor]:
+def _turns(samples: list[Sample], response_mask: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
     """``turn_index`` and ``turn_rewards`` (``turn_layout``'s, row by row): a row without
-    turn ends is one turn whose last model token earns the score, computed for all such
-    rows at once."""
+    turn ends is one turn whose last model token earns its score (``scores``), computed
+    for all such rows at once."""
     model = response_mask > 0
     turn_index = torch.where(model, 0, -1)
     turn_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
     last = (model * torch.arange(model.shape[1])).argmax(dim=1)
-    scores = torch.tensor([s.score for s in samples], dtype=torch.float32)
     rows = torch.nonzero(model.any(dim=1)).flatten()
     turn_rewards[rows, last[rows]] = scores[rows]
     for i, sample in enumerate(samples):
